@@ -1,0 +1,129 @@
+"""The `syncsafe` command: one subcommand per pipeline stage, plus views.
+
+Every command validates params.yaml first; a bad key stops it with one line
+naming the key and exit code 2, before anything is written.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, TypeVar
+
+import typer
+
+from syncsafe.config import ConfigError, Params, load_params
+
+app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+schedules_app = typer.Typer(help="Merge schedules: bare `syncsafe schedules` shows the summary view.")
+app.add_typer(schedules_app, name="schedules")
+
+ParamsOpt = Annotated[Path, typer.Option("--params", help="params.yaml to read")]
+RootOpt = Annotated[Path, typer.Option("--root", help="project root that data/ and runs/ live under")]
+RegimeOpt = Annotated[list[str] | None, typer.Option("--regime", help="regime(s) to run; default: all")]
+
+F = TypeVar("F", bound=Callable[..., object])
+
+
+def _fails_cleanly(fn: F) -> F:
+    """Turn the library's input errors into one clear line on stderr and a non-zero exit."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except ConfigError as err:
+            typer.echo(f"error: {err}", err=True)
+            raise typer.Exit(2) from None
+        except (ValueError, FileNotFoundError) as err:
+            typer.echo(f"error: {err}", err=True)
+            raise typer.Exit(1) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _regimes(params: Params, chosen: list[str] | None) -> list[str]:
+    for name in chosen or []:
+        if name not in params.regimes:
+            raise ConfigError(f"--regime {name!r}: not a regime in params.yaml (have {sorted(params.regimes)})")
+    return list(chosen or params.regimes)
+
+
+@app.command()
+@_fails_cleanly
+def traces(regime: RegimeOpt = None, params: ParamsOpt = Path("params.yaml"), root: RootOpt = Path(".")) -> None:
+    """Stage traces: load timeline and request list per regime and seed."""
+    from syncsafe.traces.stage import build_traces
+
+    p = load_params(params)
+    for name in _regimes(p, regime):
+        written = build_traces(p, name, root)
+        typer.echo(f"traces {name}: {len(written)} files for seeds {p.seeds}")
+
+
+@app.command("import-trace")
+@_fails_cleanly
+def import_trace_cmd(
+    fmt: Annotated[str, typer.Argument(help="azure | burstgpt | mooncake")],
+    path: Annotated[Path, typer.Argument(help="the public trace file")],
+    out: Annotated[Path, typer.Option("--out", help="requests.parquet to write")],
+) -> None:
+    """Turn a public request trace into the request table (arrival_s, prompt_tokens, output_tokens)."""
+    from syncsafe import io
+    from syncsafe.traces.importers import import_trace
+
+    requests = import_trace(fmt, path)
+    io.write_parquet(out, requests)
+    span = requests["arrival_s"].iloc[-1] if len(requests) else 0.0
+    typer.echo(f"{out}: {len(requests)} requests over {span:.1f} s")
+
+
+@schedules_app.callback(invoke_without_command=True)
+@_fails_cleanly
+def schedules_view(ctx: typer.Context, root: RootOpt = Path(".")) -> None:
+    """Per regime and policy: merges per seed and the busy-overlap fraction."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from syncsafe.schedules.view import print_summary, summarize
+
+    print_summary(summarize(root))
+
+
+@schedules_app.command("build")
+@_fails_cleanly
+def schedules_build(regime: RegimeOpt = None, params: ParamsOpt = Path("params.yaml"), root: RootOpt = Path(".")) -> None:
+    """Stage schedules: controller schedules plus matched-random, offline-bound and no-sync baselines."""
+    from syncsafe.schedules.stage import build_schedules
+
+    p = load_params(params)
+    for name in _regimes(p, regime):
+        index = build_schedules(p, name, root)
+        typer.echo(f"schedules {name}: {len(index)} schedules")
+
+
+@schedules_app.command("index")
+@_fails_cleanly
+def schedules_index(params: ParamsOpt = Path("params.yaml"), root: RootOpt = Path(".")) -> None:
+    """Stage schedule-index: join the per-regime indexes into runs/schedules/index.csv."""
+    from syncsafe.schedules.stage import build_index
+
+    index = build_index(load_params(params), root)
+    typer.echo(f"runs/schedules/index.csv: {len(index)} schedules")
+
+
+@app.command()
+@_fails_cleanly
+def check(params: ParamsOpt = Path("params.yaml")) -> None:
+    """Validate params.yaml and print the resolved settings."""
+    p = load_params(params)
+    typer.echo(p.model_dump_json(indent=2))
+
+
+def main() -> None:  # pragma: no cover - console entry point
+    app(prog_name="syncsafe")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

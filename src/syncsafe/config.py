@@ -1,0 +1,314 @@
+"""The params.yaml schema: every stage's settings, validated before anything runs.
+
+`load_params` reads params.yaml and returns a `Params` model or raises
+`ConfigError` with one line per problem, each naming the key
+(`regimes.bursty.window_s: ...`). Unknown keys are errors, not silently
+ignored: a typo must never fall back to a default.
+
+Keys that other tools edit and that keep their names: `profile`, `seeds`,
+`regimes.<name>.{kind, duration_s, period_s, window_s, phase_s}`,
+`merge.window_s`, `merge.min_gap_s`, `schedules.random_draws`.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+#: Controller policies the trace-time controller can run (derived schedules
+#: `matched_random`, `no_sync` and `offline_bound` come from the schedules stage).
+CONTROLLER_POLICIES = (
+    "fixed_h",
+    "pressure_gate",
+    "random_deferral",
+    "wa_diloco",
+    "wa_calibrated",
+    "wa_forecast",
+    "wa_seasonal",
+)
+
+
+class ConfigError(ValueError):
+    """params.yaml is missing, malformed or describes an impossible run."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+PositiveFloat = Annotated[float, Field(gt=0)]
+Fraction = Annotated[float, Field(ge=0, le=1)]
+
+
+# --------------------------------------------------------------------------- traces
+
+
+class RequestShape(_Strict):
+    """Token-length distributions of generated requests (log-normal, clipped)."""
+
+    prompt_tokens_median: PositiveFloat = 48
+    prompt_tokens_sigma: Annotated[float, Field(ge=0)] = 0.5
+    prompt_tokens_max: Annotated[int, Field(ge=1)] = 256
+    output_tokens_median: PositiveFloat = 24
+    output_tokens_sigma: Annotated[float, Field(ge=0)] = 0.5
+    output_tokens_max: Annotated[int, Field(ge=1)] = 128
+    #: Coefficient of variation of per-step arrival counts (1 = Poisson; >1 = clumpier).
+    arrival_cv: Annotated[float, Field(ge=1)] = 1.0
+
+
+class TracesConfig(_Strict):
+    step_s: PositiveFloat = 0.5
+    requests: RequestShape = RequestShape()
+
+
+class _RegimeBase(_Strict):
+    duration_s: PositiveFloat
+    #: Background network load from other jobs, 0..1.
+    network_base: Fraction = 0.1
+    #: Mean checkpoint writes per hour by other jobs sharing storage.
+    checkpoints_per_hour: Annotated[float, Field(ge=0)] = 6.0
+    checkpoint_s: PositiveFloat = 10.0
+
+
+class BurstyRegime(_RegimeBase):
+    """Busy windows of `window_s` every `period_s`, the first starting at `phase_s`."""
+
+    kind: Literal["bursty"]
+    period_s: PositiveFloat = 120.0
+    window_s: PositiveFloat = 30.0
+    phase_s: Annotated[float, Field(ge=0)] = 0.0
+    quiet_rate: PositiveFloat = 1.0
+    busy_rate: PositiveFloat = 6.0
+    #: Log-normal sigma of each burst's intensity around `busy_rate`.
+    burst_jitter: Annotated[float, Field(ge=0)] = 0.2
+
+    @model_validator(mode="after")
+    def _window_fits_period(self) -> BurstyRegime:
+        if self.window_s > self.period_s:
+            raise ValueError(
+                f"window_s ({self.window_s}) must not be longer than period_s ({self.period_s})"
+            )
+        if self.busy_rate < self.quiet_rate:
+            raise ValueError(f"busy_rate ({self.busy_rate}) must be >= quiet_rate ({self.quiet_rate})")
+        return self
+
+
+class SteadyRegime(_RegimeBase):
+    """Slow sinusoidal load: the 'mixed' regime, busy above `busy_above` of the peak."""
+
+    kind: Literal["steady"]
+    period_s: PositiveFloat = 300.0
+    phase_s: Annotated[float, Field(ge=0)] = 0.0
+    mean_rate: PositiveFloat = 3.0
+    amplitude: Annotated[float, Field(ge=0, lt=1)] = 0.6
+    busy_above: Fraction = 0.75
+
+
+class PressureHeavyRegime(_RegimeBase):
+    """High inference and network pressure that merges cannot avoid: random busy episodes."""
+
+    kind: Literal["pressure_heavy"]
+    base_rate: PositiveFloat = 4.0
+    busy_rate: PositiveFloat = 7.0
+    episodes_per_hour: Annotated[float, Field(ge=0)] = 40.0
+    episode_s: PositiveFloat = 45.0
+    network_base: Fraction = 0.6
+
+
+Regime = Annotated[BurstyRegime | SteadyRegime | PressureHeavyRegime, Field(discriminator="kind")]
+
+
+# --------------------------------------------------------------------------- control
+
+
+class MergeConfig(_Strict):
+    """The merge budget a matched-random draw copies."""
+
+    #: How long one merge occupies the fleet (all-reduce + outer step + checkpoint).
+    window_s: PositiveFloat = 8.0
+    #: Least idle time between the end of one merge window and the next start.
+    min_gap_s: Annotated[float, Field(ge=0)] = 10.0
+
+
+class FixedHConfig(_Strict):
+    h: Annotated[int, Field(ge=1)] = 40
+
+
+class PressureGateConfig(_Strict):
+    #: Merge only while fleet pressure is at or below this.
+    max_pressure: Fraction = 0.5
+
+
+class RandomDeferralConfig(_Strict):
+    defer_prob: Fraction = 0.5
+
+
+class ScoreWeights(_Strict):
+    """Weights of the workload-aware merge score (see control/policies.py)."""
+
+    w_progress: Annotated[float, Field(ge=0)] = 0.5
+    w_staleness: Annotated[float, Field(ge=0)] = 1.0
+    w_pressure: Annotated[float, Field(ge=0)] = 1.0
+    #: A relative loss drop per cycle of this size counts as full progress.
+    progress_scale: PositiveFloat = 0.05
+    threshold: float = 0.25
+
+
+class ForecastConfig(_Strict):
+    ewma_alpha: Annotated[float, Field(gt=0, le=1)] = 0.5
+    w_forecast: Annotated[float, Field(ge=0)] = 0.5
+    #: Seasonal forecaster: shortest and longest period it looks for.
+    min_period_s: PositiveFloat = 20.0
+    max_period_s: PositiveFloat = 900.0
+    #: Autocorrelation a period needs before the seasonal forecast is trusted.
+    min_autocorr: Fraction = 0.5
+
+
+class CalibratedConfig(_Strict):
+    w_cost: Annotated[float, Field(ge=0)] = 1.5
+    #: Calibration JSON written by the calibrate stage; null = shipped defaults.
+    calibration: str | None = None
+
+
+class ControlConfig(_Strict):
+    #: Trace seconds one inner step takes on the `trace` clock.
+    step_s: PositiveFloat = 1.0
+    #: Inner steps per control cycle; no merge before this many steps.
+    min_h: Annotated[int, Field(ge=1)] = 20
+    #: A merge is forced once this many steps have passed since the last one.
+    max_h: Annotated[int, Field(ge=1)] = 80
+    policies: list[Literal[CONTROLLER_POLICIES]] = Field(  # type: ignore[valid-type]
+        default_factory=lambda: list(CONTROLLER_POLICIES), min_length=1
+    )
+    fixed_h: FixedHConfig = FixedHConfig()
+    pressure_gate: PressureGateConfig = PressureGateConfig()
+    random_deferral: RandomDeferralConfig = RandomDeferralConfig()
+    score: ScoreWeights = ScoreWeights()
+    forecast: ForecastConfig = ForecastConfig()
+    calibrated: CalibratedConfig = CalibratedConfig()
+
+    @model_validator(mode="after")
+    def _h_bounds(self) -> ControlConfig:
+        if self.min_h > self.max_h:
+            raise ValueError(f"min_h ({self.min_h}) must be <= max_h ({self.max_h})")
+        if not self.min_h <= self.fixed_h.h <= self.max_h:
+            raise ValueError(
+                f"fixed_h.h ({self.fixed_h.h}) must lie between min_h ({self.min_h}) and max_h ({self.max_h})"
+            )
+        if len(set(self.policies)) != len(self.policies):
+            raise ValueError("policies must not repeat a name")
+        return self
+
+    @property
+    def cycle_s(self) -> float:
+        """Trace seconds one control cycle (min_h inner steps) takes."""
+        return self.min_h * self.step_s
+
+
+class HarnessConfig(_Strict):
+    """The learner-progress model that stands in for training in the stress harness."""
+
+    islands: Annotated[int, Field(ge=1)] = 4
+    tokens_per_step: Annotated[int, Field(ge=1)] = 8192
+    loss_floor: Annotated[float, Field(ge=0)] = 2.0
+    loss_span: PositiveFloat = 6.0
+    #: Tokens at which the loss has fallen to half its span above the floor.
+    half_loss_tokens: PositiveFloat = 2.0e6
+    #: Local steps after which a stale pseudo-gradient is worth 1/e of a fresh one.
+    staleness_decay_steps: PositiveFloat = 120.0
+    loss_noise: Annotated[float, Field(ge=0)] = 0.01
+
+
+class SchedulesConfig(_Strict):
+    #: Matched-random draws per controller schedule.
+    random_draws: Annotated[int, Field(ge=1)] = 20
+    #: Where controller schedules come from: the stress harness or trained runs.
+    source: Literal["harness", "train"] = "harness"
+
+
+# --------------------------------------------------------------------------- root
+
+
+class Params(_Strict):
+    profile: Literal["cpu", "gpu"] = "cpu"
+    seeds: list[Annotated[int, Field(ge=0)]] = Field(min_length=1)
+    traces: TracesConfig = TracesConfig()
+    regimes: dict[str, Regime] = Field(min_length=1)
+    merge: MergeConfig = MergeConfig()
+    control: ControlConfig = ControlConfig()
+    harness: HarnessConfig = HarnessConfig()
+    schedules: SchedulesConfig = SchedulesConfig()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Params:
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError("seeds must not repeat a seed")
+        for name in self.regimes:
+            if not name.replace("_", "").replace("-", "").isalnum():
+                raise ValueError(f"regime name {name!r} must be letters, digits, '_' or '-'")
+        step = self.traces.step_s
+        for key, value in (("merge.window_s", self.merge.window_s), ("merge.min_gap_s", self.merge.min_gap_s)):
+            if not _is_multiple(value, step):
+                raise ValueError(f"{key} ({value}) must be a multiple of traces.step_s ({step})")
+        if self.merge.min_gap_s > self.control.cycle_s:
+            raise ValueError(
+                f"merge.min_gap_s ({self.merge.min_gap_s}) must be <= control.min_h * control.step_s "
+                f"({self.control.cycle_s}) so that controller schedules keep the gap matched draws copy"
+            )
+        for name, regime in self.regimes.items():
+            if regime.duration_s < self.control.cycle_s + self.merge.window_s:
+                raise ValueError(
+                    f"regimes.{name}.duration_s ({regime.duration_s}) is shorter than one control "
+                    f"cycle plus one merge window ({self.control.cycle_s + self.merge.window_s})"
+                )
+            if not _is_multiple(regime.duration_s, step):
+                raise ValueError(f"regimes.{name}.duration_s must be a multiple of traces.step_s ({step})")
+        return self
+
+
+def _is_multiple(value: float, step: float) -> bool:
+    ratio = value / step
+    return math.isclose(ratio, round(ratio), abs_tol=1e-9)
+
+
+def _format_error(source: str, err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = [str(p) for p in e["loc"]]
+        if loc[:1] == ["regimes"] and len(loc) >= 3:
+            del loc[2]  # the `kind` tag pydantic inserts for the discriminated union
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key (not in the params schema)"
+        got = "" if e["type"] in ("missing", "value_error", "extra_forbidden") else f" (got {e.get('input')!r})"
+        where = ".".join(loc)
+        lines.append(f"{source}: {where + ': ' if where else ''}{msg}{got}")
+    return "\n".join(lines)
+
+
+def parse_params(raw: Any, source: str = "params.yaml") -> Params:
+    """Validate an already-loaded mapping; raise ConfigError naming the bad key."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: expected a mapping of sections at the top level")
+    try:
+        return Params.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(_format_error(source, err)) from None
+
+
+def load_params(path: str | Path = "params.yaml") -> Params:
+    """Read and validate params.yaml."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: file not found") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    return parse_params(raw, str(path))

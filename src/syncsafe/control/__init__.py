@@ -1,0 +1,1 @@
+"""Merge control: learner reports, fleet signals, forecasters, policies and the controller loop."""

@@ -1,0 +1,1 @@
+"""Merge schedules: the contract, overlap measures, and derived schedules."""

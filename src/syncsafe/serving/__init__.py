@@ -1,0 +1,1 @@
+"""Serving side: calibration model, load generation, vLLM and simulator replay backends."""

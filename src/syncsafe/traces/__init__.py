@@ -1,0 +1,1 @@
+"""Serving workloads: seeded load timelines, request lists and public-trace importers."""

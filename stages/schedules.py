@@ -1,0 +1,7 @@
+"""DVC stage `schedules@<regime>`: python stages/schedules.py --regime REGIME."""
+
+import sys
+
+from syncsafe.cli import app
+
+app(["schedules", "build", *sys.argv[1:]], prog_name="stages/schedules.py")
