@@ -6,8 +6,9 @@ Both take irregular observations `(t_s, value)` as they arrive and answer
 - `EwmaForecaster`: one-step exponentially weighted moving average (the
   forecast is the smoothed level, whatever the horizon).
 - `SeasonalForecaster`: finds the load's period by autocorrelation of the
-  observed history and forecasts the window from the same phase of earlier
-  periods; falls back to EWMA while no period is clear. On periodic (bursty)
+  observed history and forecasts the window as the current level plus the
+  change seen at the same phase of earlier periods; falls back to EWMA while
+  no period is clear. On periodic (bursty)
   load it sees a burst coming, which EWMA, always lagging, cannot.
 """
 
@@ -77,22 +78,36 @@ class SeasonalForecaster:
         spectrum = np.fft.rfft(x, 2 * n)
         acov = np.fft.irfft(spectrum * np.conj(spectrum))[:n]
         acf = acov / acov[0] * n / (n - np.arange(n))  # unbiased: correct for fewer overlapping pairs
-        lag = lo + int(np.argmax(acf[lo : hi + 1]))
-        return lag * self.grid_s if acf[lag] >= self.min_autocorr else None
+        window = acf[lo - 1 : hi + 2] if hi + 2 <= n else np.append(acf[lo - 1 : hi + 1], -np.inf)
+        inner = window[1:-1]
+        peaks = np.flatnonzero((inner >= window[:-2]) & (inner >= window[2:]) & (inner >= self.min_autocorr))
+        if peaks.size == 0:
+            return None
+        # Multiples of the period correlate about as well: take the first peak near the best.
+        best = inner[peaks].max()
+        first = peaks[np.argmax(inner[peaks] >= 0.9 * best)]
+        return (lo + int(first)) * self.grid_s
 
     def forecast(self, t_s: float, horizon_s: float) -> float:
+        """Current level plus the change the same phase of earlier periods saw.
+
+        x(t..t+h) ~ x(t) + mean_k [x(t-kP..t-kP+h) - x(t-kP)], k = 1..3: the
+        level follows this period's intensity, the shape (a burst starting or
+        ending) comes from the history.
+        """
         period = self.period_s()
         if period is None:
             return self.fallback.forecast(t_s, horizon_s)
         t = np.asarray(self._t)
         x = np.asarray(self._x)
-        seen = []
-        k = 1
-        while t_s - k * period + horizon_s > t[0] and k <= 3:
+        deltas = []
+        for k in (1, 2, 3):
             lo, hi = t_s - k * period, t_s - k * period + horizon_s
-            # observations held over [lo, hi): the one in force at lo plus those inside
-            first = max(int(np.searchsorted(t, lo, side="right")) - 1, 0)
+            if lo < t[0]:
+                break
+            at = int(np.searchsorted(t, lo, side="right")) - 1  # observation in force at lo
             last = int(np.searchsorted(t, hi, side="left"))
-            seen.append(float(x[first:max(last, first + 1)].mean()))
-            k += 1
-        return float(np.mean(seen)) if seen else self.fallback.forecast(t_s, horizon_s)
+            deltas.append(float(x[at : max(last, at + 1)].mean() - x[at]))
+        if not deltas:
+            return self.fallback.forecast(t_s, horizon_s)
+        return float(np.clip(x[-1] + np.mean(deltas), x.min(), x.max()))

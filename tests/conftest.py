@@ -1,0 +1,45 @@
+"""Shared fixtures: small params for fast pipeline runs."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from syncsafe.config import Params, parse_params
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def small_raw_params() -> dict:
+    """params.yaml shrunk: 2 seeds, 240 s regimes, 3 draws."""
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["seeds"] = [0, 1]
+    for regime in raw["regimes"].values():
+        regime["duration_s"] = 240
+    raw["schedules"]["random_draws"] = 3
+    return raw
+
+
+@pytest.fixture
+def repo_root() -> Path:
+    return REPO
+
+
+@pytest.fixture
+def raw_params() -> dict:
+    return copy.deepcopy(small_raw_params())
+
+
+@pytest.fixture
+def params(raw_params: dict) -> Params:
+    return parse_params(raw_params)
+
+
+@pytest.fixture
+def params_file(tmp_path: Path, raw_params: dict) -> Path:
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(raw_params))
+    return path

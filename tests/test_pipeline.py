@@ -1,0 +1,113 @@
+"""The traces -> schedules pipeline through the CLI, and `dvc repro` in a fresh copy."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from syncsafe.cli import app
+from syncsafe.config import CONTROLLER_POLICIES
+from syncsafe.schedules.schedule import LoadIntegral, busy_overlap_s, read_schedule
+from syncsafe.traces.stage import load_timeline
+
+INDEX_COLUMNS = ["regime", "policy", "seed", "draw", "matched_to", "source", "n_merges", "path"]
+
+
+def _invoke(*args: str) -> str:
+    result = CliRunner().invoke(app, list(args))
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+@pytest.fixture
+def built(tmp_path, params_file):
+    root = tmp_path / "project"
+    for cmd in (["traces"], ["schedules", "build"], ["schedules", "index"]):
+        _invoke(*cmd, "--params", str(params_file), "--root", str(root))
+    return root
+
+
+def test_schedule_index_contract(built, params):
+    index = pd.read_csv(built / "runs" / "schedules" / "index.csv")
+    assert list(index.columns) == INDEX_COLUMNS
+    n_seeds, n_pol, draws = len(params.seeds), len(CONTROLLER_POLICIES), params.schedules.random_draws
+    assert len(index) == 3 * n_seeds * (1 + n_pol * (2 + draws))
+    assert set(index["source"]) == {"harness", "matched_random", "no_sync", "offline_bound"}
+    assert index.loc[index["source"] == "matched_random", "draw"].notna().all()
+    assert index.loc[index["source"] != "matched_random", "draw"].isna().all()
+    for rec in index.sample(40, random_state=0).itertuples():
+        s = read_schedule(built / rec.path)
+        assert (s.regime, s.policy, s.seed, s.n_merges) == (rec.regime, rec.policy, rec.seed, rec.n_merges)
+
+
+def test_offline_bound_never_overlaps_more_than_its_controller_or_draws(built):
+    index = pd.read_csv(built / "runs" / "schedules" / "index.csv")
+    for (regime, seed, matched), group in index[index["matched_to"].notna()].groupby(["regime", "seed", "matched_to"]):
+        load = LoadIntegral(load_timeline(built, regime, seed))
+        ctl_path = index[(index.regime == regime) & (index.seed == seed) & (index.policy == matched)]["path"].item()
+        overlap = {p: busy_overlap_s(read_schedule(built / p), load) for p in [ctl_path, *group["path"]]}
+        bound = group.loc[group["source"] == "offline_bound", "path"].item()
+        assert all(overlap[bound] <= v + 1e-9 for v in overlap.values())
+
+
+def test_schedules_view_shows_every_policy_seed_and_regime(built, params):
+    out = _invoke("schedules", "--root", str(built))
+    for regime in params.regimes:
+        assert f"regime {regime}" in out
+    for policy in CONTROLLER_POLICIES:
+        assert policy in out
+        assert f"matched_random[{policy}]" in out and f"offline_bound[{policy}]" in out
+    assert "no_sync" in out and "busy overlap" in out
+
+
+def test_rerun_gives_identical_outputs(built, params_file, tmp_path):
+    again = tmp_path / "again"
+    for cmd in (["traces"], ["schedules", "build"]):
+        _invoke(*cmd, "--params", str(params_file), "--root", str(again))
+    for path in (built / "runs").rglob("*.json"):
+        assert path.read_bytes() == (again / path.relative_to(built)).read_bytes()
+    pd.testing.assert_frame_equal(load_timeline(built, "bursty", 1), load_timeline(again, "bursty", 1))
+
+
+def test_import_trace_command(tmp_path):
+    src = tmp_path / "burst.csv"
+    src.write_text("Timestamp,Request tokens,Response tokens\n3,10,5\n7,20,0\n9,30,6\n")
+    out = tmp_path / "requests.parquet"
+    assert "2 requests" in _invoke("import-trace", "burstgpt", str(src), "--out", str(out))
+    assert pd.read_parquet(out)["arrival_s"].tolist() == [0.0, 6.0]
+    bad = CliRunner().invoke(app, ["import-trace", "azure", str(src), "--out", str(tmp_path / "x.parquet")])
+    assert bad.exit_code == 1 and "TIMESTAMP" in bad.output and not (tmp_path / "x.parquet").exists()
+
+
+@pytest.mark.slow
+def test_dvc_repro_in_a_fresh_copy_then_nothing_to_do(tmp_path, repo_root, raw_params):
+    project = tmp_path / "clone"
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=repo_root, capture_output=True, check=True).stdout
+    for rel in filter(None, tracked.decode().split("\0")):
+        if (repo_root / rel).is_file():
+            (project / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(repo_root / rel, project / rel)
+    (project / "dvc.lock").unlink(missing_ok=True)
+    raw_params["seeds"] = [0]
+    raw_params["regimes"] = {k: v for k, v in raw_params["regimes"].items() if k in ("bursty", "steady")}
+    (project / "params.yaml").write_text(yaml.safe_dump(raw_params))
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    run = lambda *a: subprocess.run(a, cwd=project, env=env, capture_output=True, text=True, timeout=600)  # noqa: E731
+    for cmd in (["git", "init", "-q"], ["git", "add", "-A"]):
+        assert run(*cmd).returncode == 0
+    first = run("dvc", "repro")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "Running stage 'schedules@steady'" in first.stdout
+    assert (project / "runs" / "schedules" / "index.csv").is_file()
+    second = run("dvc", "repro")
+    assert second.returncode == 0
+    assert "Running stage" not in second.stdout
+    assert "up to date" in second.stdout
