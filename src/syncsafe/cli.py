@@ -115,6 +115,35 @@ def schedules_index(params: ParamsOpt = Path("params.yaml"), root: RootOpt = Pat
 
 @app.command()
 @_fails_cleanly
+def analyze(
+    runs: Annotated[Path, typer.Option("--runs", help="per-run table (CSV or Parquet): regime, policy, seed, draw, slo_violation_rate")],
+    out: Annotated[Path, typer.Option("--out", help="directory for policy_table.csv, envelope.csv, metrics.json, report.md")],
+    mechanism: Annotated[
+        Path | None, typer.Option("--mechanism", help="JSON of real-backend (vLLM) sync and pressure ratios per regime")
+    ] = None,
+    alpha: Annotated[float, typer.Option("--alpha", min=0.0, max=1.0, help="significance level of the one-sided tests")] = 0.05,
+) -> None:
+    """Evidence protocol on a per-run results table: sync-excess, envelope, paired tests, claim tiers."""
+    from pydantic import ValidationError
+
+    from syncsafe.analysis import MechanismEvidence, analyze_runs
+
+    evidence = None
+    if mechanism is not None:
+        try:
+            evidence = MechanismEvidence.read(mechanism)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{mechanism}: mechanism file not found") from None
+        except ValidationError as err:
+            raise ValueError(f"{mechanism}: not a mechanism-evidence file: {err}") from None
+    result = analyze_runs(runs, out, mechanism=evidence, alpha=alpha)
+    for rec in result.policy_table.itertuples(index=False):
+        typer.echo(f"{rec.regime:16s} {rec.policy:18s} {rec.tier}")
+    typer.echo(f"wrote {', '.join(sorted(p.name for p in result.files.values()))} to {out}")
+
+
+@app.command()
+@_fails_cleanly
 def check(params: ParamsOpt = Path("params.yaml")) -> None:
     """Validate params.yaml and print the resolved settings."""
     p = load_params(params)

@@ -17,6 +17,9 @@ from typing import Any
 
 import pandas as pd
 
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+
 
 @contextlib.contextmanager
 def atomic_path(dest: str | os.PathLike[str]) -> Iterator[Path]:
@@ -29,6 +32,7 @@ def atomic_path(dest: str | os.PathLike[str]) -> Iterator[Path]:
     fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
     os.close(fd)
     tmp = Path(tmp_name)
+    os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; outputs are shared like any other file
     try:
         yield tmp
         with open(tmp, "rb+") as fh:
