@@ -1,0 +1,141 @@
+"""The analyze stage: runs table in, evidence report out.
+
+:func:`analyze_runs` validates the runs table, runs the protocol, assigns
+claim tiers and writes, into ``out_dir``:
+
+* ``policy_table.csv``: one row per regime x policy; the contract columns
+  ``regime, policy, n_seeds, slo_pct_mean, sync_excess_pct_mean,
+  p_vs_matched_random, seeds_won, tier`` first, then ``reason`` and the
+  supporting numbers.
+* ``envelope.csv``: one row per controller run (regime x policy x seed):
+  sync-excess and the matched-random envelope (min/mean/max).
+* ``metrics.json``: flat DVC metrics (see :mod:`syncsafe.analysis.metrics`).
+* ``report.md`` and the figure it references.
+
+Everything is computed in memory first; the files are then written to
+temporary files beside their destinations and renamed into place only once
+all of them are complete, so a failure leaves no partial output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+from syncsafe.analysis.figures import ENVELOPE_FIGURE, envelope_figure, write_png
+from syncsafe.analysis.metrics import flat_metrics
+from syncsafe.analysis.protocol import run_protocol
+from syncsafe.analysis.report import render_report
+from syncsafe.analysis.runs_table import load_runs_table
+from syncsafe.analysis.verdicts import DEFAULT_ALPHA, MechanismEvidence, assign_tiers
+from syncsafe.io import atomic_path
+
+POLICY_TABLE = "policy_table.csv"
+ENVELOPE_TABLE = "envelope.csv"
+METRICS = "metrics.json"
+REPORT = "report.md"
+
+CONTRACT_COLUMNS = (
+    "regime",
+    "policy",
+    "n_seeds",
+    "slo_pct_mean",
+    "sync_excess_pct_mean",
+    "p_vs_matched_random",
+    "seeds_won",
+    "tier",
+)
+ENVELOPE_COLUMNS = (
+    "regime",
+    "policy",
+    "seed",
+    "slo_pct",
+    "no_sync_slo_pct",
+    "sync_excess_pct",
+    "n_draws",
+    "mr_sync_excess_pct_min",
+    "mr_sync_excess_pct_mean",
+    "mr_sync_excess_pct_max",
+    "mr_slo_pct_min",
+    "mr_slo_pct_mean",
+    "mr_slo_pct_max",
+    "delta_vs_mr_pct",
+    "won",
+)
+
+Writer = Callable[[Path], None]
+
+
+@dataclass(frozen=True)
+class AnalysisResult:
+    """What :func:`analyze_runs` computed and where it wrote it."""
+
+    policy_table: pd.DataFrame
+    envelope: pd.DataFrame
+    seeds: pd.DataFrame
+    metrics: dict[str, float | int]
+    report: str
+    files: Mapping[str, Path] = field(default_factory=dict)
+
+
+def analyze_runs(
+    runs: str | os.PathLike[str] | pd.DataFrame,
+    out_dir: str | os.PathLike[str],
+    mechanism: MechanismEvidence | None = None,
+    alpha: float = DEFAULT_ALPHA,
+    *,
+    confidence: float = 0.95,
+) -> AnalysisResult:
+    """Run the evidence protocol on a runs table and write the report files."""
+    table = load_runs_table(runs if isinstance(runs, pd.DataFrame) else Path(runs))
+    protocol = run_protocol(table, confidence=confidence)
+    policy_table = _ordered(assign_tiers(protocol.policies, mechanism, alpha=alpha))
+    envelope = protocol.seeds.loc[protocol.seeds["n_draws"].notna(), list(ENVELOPE_COLUMNS)]
+    envelope = envelope.astype({"n_draws": int}).reset_index(drop=True)
+    metrics = flat_metrics(policy_table, alpha=alpha)
+    report = render_report(
+        policy_table, protocol.seeds, source=table.source, alpha=alpha, mechanism=mechanism, figure=ENVELOPE_FIGURE
+    )
+    figure = envelope_figure(protocol.seeds)
+    writers: dict[str, Writer] = {
+        POLICY_TABLE: lambda tmp: policy_table.to_csv(tmp, index=False),
+        ENVELOPE_TABLE: lambda tmp: envelope.to_csv(tmp, index=False),
+        METRICS: lambda tmp: tmp.write_text(_json(metrics), encoding="utf-8"),
+        REPORT: lambda tmp: tmp.write_text(report, encoding="utf-8"),
+        ENVELOPE_FIGURE: lambda tmp: write_png(figure, tmp),
+    }
+    files = write_all_or_nothing(Path(out_dir), writers)
+    return AnalysisResult(policy_table, envelope, protocol.seeds, metrics, report, files)
+
+
+def write_all_or_nothing(out_dir: Path, writers: Mapping[str, Writer]) -> dict[str, Path]:
+    """Write every file to a temporary sibling; rename them all only if all succeed.
+
+    On failure no destination is touched and no temporary file remains; an
+    ``out_dir`` created by this call is removed again if it is left empty.
+    """
+    created = not out_dir.exists()
+    try:
+        with contextlib.ExitStack() as stack:
+            for name, write in writers.items():
+                write(stack.enter_context(atomic_path(out_dir / name)))
+    except BaseException:
+        if created and out_dir.is_dir() and not any(out_dir.iterdir()):
+            out_dir.rmdir()
+        raise
+    return {name: out_dir / name for name in writers}
+
+
+def _ordered(policy_table: pd.DataFrame) -> pd.DataFrame:
+    leading = [*CONTRACT_COLUMNS, "reason"]
+    rest = [c for c in policy_table.columns if c not in leading]
+    return policy_table[leading + rest].sort_values(["regime", "policy"], ignore_index=True)
+
+
+def _json(metrics: Mapping[str, float | int]) -> str:
+    return json.dumps(metrics, indent=2, sort_keys=True, allow_nan=False) + "\n"
