@@ -1,0 +1,279 @@
+"""Outer step: pseudo-gradient sign, (weighted) averaging and Nesterov momentum, by hand.
+
+Islands are simulated in-process (threads meeting in a fake all-reduce) and,
+once, as real ``torch.distributed`` gloo processes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from syncsafe.diloco.comm import torch_all_reduce_mean
+from syncsafe.diloco.outer import (
+    AllReduceMean,
+    MergeStats,
+    OuterOptimizer,
+    flatten_parameters,
+    ring_all_reduce_bytes,
+)
+
+LR = 0.7
+MOMENTUM = 0.9
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def make_model() -> nn.Module:
+    """A small model with two parameter tensors and known initial values."""
+    model = nn.Linear(3, 2)
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([[0.5, -1.0, 2.0], [1.5, 0.25, -0.75]]))
+        model.bias.copy_(torch.tensor([0.1, -0.2]))
+    return model
+
+
+def island_delta(island: int, merge: int) -> torch.Tensor:
+    """The flat change island ``island`` makes in its inner steps before merge ``merge``."""
+    generator = torch.Generator().manual_seed(1000 * merge + island)
+    return torch.randn(8, generator=generator, dtype=torch.float64) * (island + 1)
+
+
+def train_island(model: nn.Module, island: int, merge: int) -> None:
+    """Stand-in for H inner steps: local = global + delta."""
+    delta = island_delta(island, merge).to(torch.float32)
+    offset = 0
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(delta[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+
+def hand_outer_steps(
+    weights: Sequence[float], num_merges: int, lr: float = LR, momentum: float = MOMENTUM
+) -> torch.Tensor:
+    """Global parameters after ``num_merges`` merges, computed by hand in float64.
+
+    pg_i = global - local_i = -delta_i; avg = sum w_i pg_i / sum w_i;
+    Nesterov (torch SGD, dampening 0): buf = momentum * buf + avg (buf = avg at first);
+    global -= lr * (avg + momentum * buf).
+    """
+    global_params = flatten_parameters(make_model()).to(torch.float64)
+    total = sum(weights)
+    buf: torch.Tensor | None = None
+    for merge in range(num_merges):
+        averaged = sum(w * -island_delta(i, merge) for i, w in enumerate(weights)) / total
+        buf = averaged.clone() if buf is None else momentum * buf + averaged
+        global_params = global_params - lr * (averaged + momentum * buf)
+    return global_params
+
+
+class ThreadedAllReduce:
+    """Fake collective: each island's thread deposits its buffer; all get the list's mean."""
+
+    def __init__(self, num_islands: int) -> None:
+        self.barrier = threading.Barrier(num_islands, timeout=30)
+        self.deposits: list[torch.Tensor | None] = [None] * num_islands
+        self.mean: torch.Tensor | None = None
+
+    def for_island(self, island: int) -> AllReduceMean:
+        def all_reduce_mean(tensor: torch.Tensor) -> torch.Tensor:
+            self.deposits[island] = tensor.clone()
+            if self.barrier.wait() == 0:
+                self.mean = torch.stack(self.deposits).mean(dim=0)
+            self.barrier.wait()
+            return self.mean.clone()
+
+        return all_reduce_mean
+
+
+def merge_all(
+    outers: Sequence[OuterOptimizer], models: Sequence[nn.Module], weights: Sequence[float]
+) -> list[MergeStats]:
+    """Run one merge on every simulated island concurrently."""
+    collective = ThreadedAllReduce(len(outers))
+    with ThreadPoolExecutor(max_workers=len(outers)) as pool:
+        futures = [
+            pool.submit(outer.merge, model, collective.for_island(i), weight)
+            for i, (outer, model, weight) in enumerate(zip(outers, models, weights))
+        ]
+        return [future.result(timeout=60) for future in futures]
+
+
+def simulate(weights: Sequence[float], num_merges: int) -> tuple[list[OuterOptimizer], list[nn.Module]]:
+    models = [make_model() for _ in weights]
+    outers = [OuterOptimizer(model, num_islands=len(weights), lr=LR, momentum=MOMENTUM) for model in models]
+    for merge in range(num_merges):
+        for island, model in enumerate(models):
+            train_island(model, island, merge)
+        merge_all(outers, models, weights)
+    return outers, models
+
+
+# --------------------------------------------------------------------------- in-process
+
+
+def test_pseudo_gradient_is_global_minus_local() -> None:
+    model = make_model()
+    outer = OuterOptimizer(model, num_islands=2)
+    train_island(model, island=0, merge=0)
+    expected = -island_delta(0, 0).to(torch.float32)
+    torch.testing.assert_close(outer.pseudo_gradient(model), expected)
+
+
+def test_plain_sgd_step_moves_global_to_island_average() -> None:
+    """lr 1, no momentum: global - mean(pg) is exactly the mean of the islands' weights."""
+    models = [make_model() for _ in range(3)]
+    outers = [OuterOptimizer(m, num_islands=3, lr=1.0, momentum=0.0, nesterov=False) for m in models]
+    for island, model in enumerate(models):
+        train_island(model, island, merge=0)
+    island_average = torch.stack([flatten_parameters(m) for m in models]).mean(dim=0)
+    merge_all(outers, models, [1.0, 1.0, 1.0])
+    for outer, model in zip(outers, models):
+        torch.testing.assert_close(outer.global_flat.detach(), island_average)
+        torch.testing.assert_close(flatten_parameters(model), island_average)
+
+
+@pytest.mark.parametrize("num_islands", [2, 3])
+def test_nesterov_over_two_merges_matches_hand_computation(num_islands: int) -> None:
+    weights = [1.0] * num_islands
+    outers, models = simulate(weights, num_merges=2)
+    expected = hand_outer_steps(weights, num_merges=2).to(torch.float32)
+    for outer, model in zip(outers, models):
+        torch.testing.assert_close(outer.global_flat.detach(), expected, rtol=1e-5, atol=1e-6)
+        assert torch.equal(flatten_parameters(model), outer.global_flat.detach())
+    assert all(torch.equal(o.global_flat, outers[0].global_flat) for o in outers)
+
+
+def test_second_merge_uses_the_momentum_buffer() -> None:
+    """Without momentum the second merge lands elsewhere: the buffer really is carried."""
+    weights = [1.0, 1.0]
+    outers, _ = simulate(weights, num_merges=2)
+    with_momentum = hand_outer_steps(weights, 2).to(torch.float32)
+    no_momentum = hand_outer_steps(weights, 2, momentum=0.0).to(torch.float32)
+    torch.testing.assert_close(outers[0].global_flat.detach(), with_momentum, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(outers[0].global_flat.detach(), no_momentum, atol=1e-3)
+
+
+def test_token_weighting() -> None:
+    tokens = [100.0, 300.0, 600.0]
+    outers, _ = simulate(tokens, num_merges=2)
+    expected = hand_outer_steps(tokens, num_merges=2).to(torch.float32)
+    torch.testing.assert_close(outers[0].global_flat.detach(), expected, rtol=1e-5, atol=1e-6)
+    unweighted = hand_outer_steps([1.0, 1.0, 1.0], num_merges=2).to(torch.float32)
+    assert not torch.allclose(expected, unweighted, atol=1e-3)
+
+
+def test_zero_total_weight_is_rejected() -> None:
+    models = [make_model(), make_model()]
+    outers = [OuterOptimizer(m, num_islands=2) for m in models]
+    with pytest.raises(ValueError, match="weights sum"):
+        merge_all(outers, models, [0.0, 0.0])
+
+
+def test_merge_stats_report_ring_cost_and_time() -> None:
+    models = [make_model(), make_model()]
+    outers = [OuterOptimizer(m, num_islands=2) for m in models]
+    stats = merge_all(outers, models, [1.0, 1.0])[0]
+    payload = (8 + 1) * 4  # 8 fp32 parameters + the weight slot
+    assert stats.payload_bytes == payload
+    assert stats.bytes_communicated == ring_all_reduce_bytes(payload, 2) == payload
+    assert ring_all_reduce_bytes(1000, 4) == 1500
+    assert ring_all_reduce_bytes(1000, 1) == 0
+    assert stats.wall_time_s > 0
+    assert stats.merge_index == 0 and stats.to_dict()["num_islands"] == 2
+
+
+def test_state_dict_round_trip_continues_identically() -> None:
+    weights = [1.0, 1.0]
+    outers, models = simulate(weights, num_merges=1)
+    restored = [OuterOptimizer(make_model(), num_islands=2) for _ in weights]
+    for source, target in zip(outers, restored):
+        target.load_state_dict(source.state_dict())
+        assert target.merges_done == 1
+    for island, model in enumerate(models):
+        train_island(model, island, merge=1)
+    restored_models = [make_model() for _ in weights]
+    for model, source in zip(restored_models, models):
+        model.load_state_dict(source.state_dict())
+    merge_all(outers, models, weights)
+    merge_all(restored, restored_models, weights)
+    assert torch.equal(outers[0].global_flat, restored[0].global_flat)
+
+
+def test_state_dict_for_another_model_is_rejected() -> None:
+    state = OuterOptimizer(make_model(), num_islands=2).state_dict()
+    with pytest.raises(ValueError, match="different model"):
+        OuterOptimizer(nn.Linear(4, 2), num_islands=2).load_state_dict(state)
+
+
+# --------------------------------------------------------------------------- gloo
+
+
+def gloo_island(rank: int, world_size: int, init_file: str, out_dir: str, weights: list[float]) -> None:
+    """One island process: two merges over a real gloo process group."""
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size, timeout=timedelta(seconds=60)
+    )
+    try:
+        model = make_model()
+        outer = OuterOptimizer(model, num_islands=world_size, lr=LR, momentum=MOMENTUM)
+        all_reduce_mean = torch_all_reduce_mean()
+        for merge in range(2):
+            train_island(model, rank, merge)
+            outer.merge(model, all_reduce_mean, weight=weights[rank])
+        torch.save(
+            {"global": outer.global_flat.detach().clone(), "local": flatten_parameters(model)},
+            Path(out_dir) / f"island-{rank}.pt",
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn_islands(fn: Callable[..., None], nprocs: int, args: tuple, timeout_s: float) -> None:
+    """``mp.spawn`` with a deadline: kill the islands rather than hang the test suite."""
+    context = mp.spawn(fn, args=args, nprocs=nprocs, join=False)
+    deadline = time.monotonic() + timeout_s
+    while not context.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail(f"gloo islands did not finish within {timeout_s} s")
+
+
+@pytest.mark.slow
+def test_gloo_merge_matches_hand_computation_on_every_island(tmp_path: Path) -> None:
+    weights = [1.0, 3.0]
+    spawn_islands(
+        gloo_island,
+        nprocs=len(weights),
+        args=(len(weights), str(tmp_path / "rendezvous"), str(tmp_path), weights),
+        timeout_s=120,
+    )
+    results = [torch.load(tmp_path / f"island-{rank}.pt") for rank in range(len(weights))]
+    expected = hand_outer_steps(weights, num_merges=2).to(torch.float32)
+    for result in results:
+        assert torch.equal(result["global"], results[0]["global"])
+        assert torch.equal(result["local"], result["global"])
+        torch.testing.assert_close(result["global"], expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("weight", [-1.0, float("inf"), float("nan")])
+def test_invalid_weight_is_rejected_before_communicating(weight: float) -> None:
+    def must_not_communicate(tensor: torch.Tensor) -> torch.Tensor:
+        raise AssertionError("all-reduce called with an invalid weight")
+
+    with pytest.raises(ValueError, match="weight"):
+        OuterOptimizer(make_model(), num_islands=2).merge(make_model(), must_not_communicate, weight)
