@@ -14,12 +14,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def small_raw_params() -> dict:
-    """params.yaml shrunk: 2 seeds, 240 s regimes, 3 draws."""
+    """params.yaml shrunk: 2 seeds, 240 s regimes, 3 draws, harness schedules."""
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
     raw["seeds"] = [0, 1]
     for regime in raw["regimes"].values():
         regime["duration_s"] = 240
     raw["schedules"]["random_draws"] = 3
+    raw["schedules"]["source"] = "harness"  # training has its own tests
     return raw
 
 

@@ -35,7 +35,7 @@ def _mutate(raw: dict, dotted: str, value) -> dict:
         ("control.bogus", 1, "control.bogus: unknown key"),
         ("merge.window_s", "eight", "merge.window_s: Input should be a valid number"),
         ("seeds", "zero", "seeds: Input should be a valid list"),
-        ("control.min_h", 90, "min_h (90) must be <= max_h (80)"),
+        ("control.min_h", 90, "min_h (90) must be <= max_h (16)"),
         ("merge.window_s", 0, "merge.window_s: Input should be greater than 0"),
         ("merge.window_s", -4, "merge.window_s: Input should be greater than 0"),
         ("regimes.bursty.window_s", 200, "regimes.bursty: window_s (200.0) must not be longer than period_s (120.0)"),

@@ -135,7 +135,7 @@ class MergeConfig(_Strict):
 
 
 class FixedHConfig(_Strict):
-    h: Annotated[int, Field(ge=1)] = 40
+    h: Annotated[int, Field(ge=1)] = 8
 
 
 class PressureGateConfig(_Strict):
@@ -176,11 +176,11 @@ class CalibratedConfig(_Strict):
 
 class ControlConfig(_Strict):
     #: Trace seconds one inner step takes on the `trace` clock.
-    step_s: PositiveFloat = 1.0
+    step_s: PositiveFloat = 5.0
     #: Inner steps per control cycle; no merge before this many steps.
-    min_h: Annotated[int, Field(ge=1)] = 20
+    min_h: Annotated[int, Field(ge=1)] = 4
     #: A merge is forced once this many steps have passed since the last one.
-    max_h: Annotated[int, Field(ge=1)] = 80
+    max_h: Annotated[int, Field(ge=1)] = 16
     policies: list[Literal[CONTROLLER_POLICIES]] = Field(  # type: ignore[valid-type]
         default_factory=lambda: list(CONTROLLER_POLICIES), min_length=1
     )
@@ -213,21 +213,80 @@ class HarnessConfig(_Strict):
     """The learner-progress model that stands in for training in the stress harness."""
 
     islands: Annotated[int, Field(ge=1)] = 4
-    tokens_per_step: Annotated[int, Field(ge=1)] = 8192
+    tokens_per_step: Annotated[int, Field(ge=1)] = 40960
     loss_floor: Annotated[float, Field(ge=0)] = 2.0
     loss_span: PositiveFloat = 6.0
     #: Tokens at which the loss has fallen to half its span above the floor.
     half_loss_tokens: PositiveFloat = 2.0e6
     #: Local steps after which a stale pseudo-gradient is worth 1/e of a fresh one.
-    staleness_decay_steps: PositiveFloat = 120.0
+    staleness_decay_steps: PositiveFloat = 24.0
     loss_noise: Annotated[float, Field(ge=0)] = 0.01
+
+
+class ModelShape(_Strict):
+    """cpu profile: the tiny Llama built locally (vocab comes from the tokenizer)."""
+
+    hidden_size: Annotated[int, Field(ge=8)] = 128
+    num_layers: Annotated[int, Field(ge=1)] = 2
+    #: head_dim = hidden_size / num_heads; 64 suits vLLM's CPU attention kernels.
+    num_heads: Annotated[int, Field(ge=1)] = 2
+    intermediate_size: Annotated[int, Field(ge=8)] = 256
+    max_position_embeddings: Annotated[int, Field(ge=16)] = 512
+
+
+class HubSource(_Strict):
+    """gpu profile: a Hugging Face model to continue training and a streamed dataset."""
+
+    model: str = "HuggingFaceTB/SmolLM2-135M"
+    dataset: str = "HuggingFaceFW/fineweb-edu"
+    dataset_config: str | None = "sample-10BT"
+    text_field: str = "text"
+
+
+class TrainConfig(_Strict):
+    """Real DiLoCo training: islands, inner AdamW, outer Nesterov step, faults."""
+
+    islands: Annotated[int, Field(ge=1)] = 2
+    model: ModelShape = ModelShape()
+    hub: HubSource = HubSource()
+    vocab_size: Annotated[int, Field(ge=300)] = 1024
+    #: Bytes of stdlib source text in the cpu-profile corpus.
+    corpus_bytes: Annotated[int, Field(ge=10_000)] = 1_500_000
+    seq_len: Annotated[int, Field(ge=2)] = 64
+    batch_size: Annotated[int, Field(ge=1)] = 4
+    inner_lr: PositiveFloat = 3e-3
+    weight_decay: Annotated[float, Field(ge=0)] = 0.0
+    outer_lr: PositiveFloat = 0.7
+    outer_momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
+    #: Weight each island's pseudo-gradient by the tokens it trained on since the last merge.
+    token_weighted: bool = False
+    #: Held-out batches for the final eval loss; `merge_eval_batches` after every merge.
+    eval_batches: Annotated[int, Field(ge=1)] = 8
+    merge_eval_batches: Annotated[int, Field(ge=0)] = 2
+    #: Every collective fails after this long instead of hanging on a lost island.
+    collective_timeout_s: PositiveFloat = 60.0
+    #: A lost island either fails the stage, naming it, or the run resumes from
+    #: the last merge checkpoint on the surviving islands.
+    on_island_failure: Literal["fail", "continue"] = "fail"
+    #: Intra-op threads per island process.
+    torch_threads: Annotated[int, Field(ge=1)] = 1
+
+    @model_validator(mode="after")
+    def _shapes(self) -> TrainConfig:
+        if self.model.hidden_size % self.model.num_heads:
+            raise ValueError(
+                f"model.hidden_size ({self.model.hidden_size}) must be a multiple of model.num_heads ({self.model.num_heads})"
+            )
+        if self.seq_len > self.model.max_position_embeddings:
+            raise ValueError(f"seq_len ({self.seq_len}) must be <= model.max_position_embeddings")
+        return self
 
 
 class SchedulesConfig(_Strict):
     #: Matched-random draws per controller schedule.
     random_draws: Annotated[int, Field(ge=1)] = 20
-    #: Where controller schedules come from: the stress harness or trained runs.
-    source: Literal["harness", "train"] = "harness"
+    #: Where controller schedules come from: real training runs or the stress harness.
+    source: Literal["train", "harness"] = "train"
 
 
 # --------------------------------------------------------------------------- root
@@ -241,6 +300,7 @@ class Params(_Strict):
     merge: MergeConfig = MergeConfig()
     control: ControlConfig = ControlConfig()
     harness: HarnessConfig = HarnessConfig()
+    train: TrainConfig = TrainConfig()
     schedules: SchedulesConfig = SchedulesConfig()
 
     @model_validator(mode="after")

@@ -13,7 +13,7 @@ the learner-progress model of the harness, or the real DiLoCo islands.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -61,25 +61,54 @@ class DecisionRecord:
 
 @dataclass
 class ControlResult:
+    """Where the loop stands: trace time, counters, merges so far and the decision log.
+
+    It is also the controller's resumable state: a run checkpointed after a
+    merge continues from a copy of it (see `run_controller(state=...)`).
+    """
+
     merge_starts_s: list[float] = field(default_factory=list)
     decisions: list[DecisionRecord] = field(default_factory=list)
+    t_s: float = 0.0
+    step: int = 0
+    steps_since_merge: int = 0
+    cycle: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> ControlResult:
+        raw = dict(raw)
+        raw["decisions"] = [DecisionRecord(**d) for d in raw["decisions"]]
+        return cls(**raw)
 
 
-def run_controller(policy: Policy, learners: Learners, signals: TimelineSignals, plan: ControlPlan) -> ControlResult:
-    """Drive `learners` through the trace, asking `policy` every cycle."""
-    result = ControlResult()
-    t = 0.0
-    step = since = cycle = 0
-    last_seen = 0.0
-    while t + plan.cycle_s <= plan.duration_s + 1e-9:
+def run_controller(
+    policy: Policy,
+    learners: Learners,
+    signals: TimelineSignals,
+    plan: ControlPlan,
+    state: ControlResult | None = None,
+    on_merge: Callable[[ControlResult], None] | None = None,
+) -> ControlResult:
+    """Drive `learners` through the trace, asking `policy` every cycle.
+
+    `state` resumes a run (the policy must be restored alongside it);
+    `on_merge(state)` is called after every merge, e.g. to checkpoint.
+    """
+    result = state if state is not None else ControlResult()
+    while result.t_s + plan.cycle_s <= plan.duration_s + 1e-9:
         reports = list(learners.train_cycle(plan.min_h))
-        t += plan.cycle_s
-        step += plan.min_h
-        since += plan.min_h
+        last_seen = result.decisions[-1].t_s if result.decisions else 0.0  # the policy saw up to here
+        result.t_s += plan.cycle_s
+        result.step += plan.min_h
+        result.steps_since_merge += plan.min_h
+        t, since = result.t_s, result.steps_since_merge
         policy.observe(signals.between(last_seen, t))
-        last_seen = t
         now = signals.at(t)
-        clock = ClockState(t_s=t, step=step, steps_since_merge=since, min_h=plan.min_h, max_h=plan.max_h, cycle=cycle)
+        clock = ClockState(t_s=t, step=result.step, steps_since_merge=since, min_h=plan.min_h, max_h=plan.max_h,
+                           cycle=result.cycle)
         started = time.perf_counter()
         decision = policy.decide(reports, now, clock)
         decide_us = (time.perf_counter() - started) * 1e6
@@ -88,9 +117,9 @@ def run_controller(policy: Policy, learners: Learners, signals: TimelineSignals,
         reason = decision.reason if fits or not decision.merge else f"{decision.reason}; no merge: window would pass trace end"
         result.decisions.append(
             DecisionRecord(
-                cycle=cycle,
+                cycle=result.cycle,
                 t_s=round(t, 6),
-                step=step,
+                step=result.step,
                 steps_since_merge=since,
                 merge=merge,
                 forced=decision.forced and merge,
@@ -101,13 +130,15 @@ def run_controller(policy: Policy, learners: Learners, signals: TimelineSignals,
                 decide_us=decide_us,
             )
         )
+        result.cycle += 1
         if merge:
             if result.merge_starts_s:
                 gap = t - (result.merge_starts_s[-1] + plan.window_s)
                 assert gap >= plan.min_gap_s - 1e-9, f"controller broke min_gap_s: gap {gap}"
             result.merge_starts_s.append(round(t, 6))
             learners.merge()
-            t += plan.window_s
-            since = 0
-        cycle += 1
+            result.t_s += plan.window_s
+            result.steps_since_merge = 0
+            if on_merge is not None:
+                on_merge(result)
     return result

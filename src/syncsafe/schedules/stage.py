@@ -1,7 +1,8 @@
 """The schedules stage: controller schedules and the baselines derived from them.
 
-Per regime and seed: one controller schedule per policy (from the stress
-harness's learner-progress model, or later from trained runs), its
+Per regime and seed: one controller schedule per policy (`schedules.source`:
+from real DiLoCo training runs, or from the stress harness's
+learner-progress model for fast sweeps), its
 matched-random draws and offline bound, and the seed's no_sync schedule.
 Decision logs go beside the controller schedules. Each regime's set lives in
 runs/schedule-sets/<regime>/ with its own index; `build_index` joins them into
@@ -24,7 +25,7 @@ from syncsafe.control.harness import ProgressModelLearners
 from syncsafe.control.policies import build_policy
 from syncsafe.control.signals import TimelineSignals
 from syncsafe.schedules.derive import matched_random, no_sync, offline_bound
-from syncsafe.schedules.schedule import INDEX_COLUMNS, LoadIntegral, Schedule, write_schedule
+from syncsafe.schedules.schedule import INDEX_COLUMNS, LoadIntegral, Schedule, ScheduleError, read_schedule, write_schedule
 from syncsafe.serving.calibration import load_calibration
 from syncsafe.traces.stage import load_timeline
 
@@ -65,6 +66,18 @@ def run_harness(params: Params, regime: str, policy: str, seed: int, timeline: p
     return schedule, result
 
 
+def trained_schedule(root: Path, regime: str, policy: str, seed: int) -> Schedule:
+    """The controller schedule a real training run produced (its decision log stays beside it)."""
+    path = Path(root) / "runs" / "train" / regime / policy / f"seed-{seed}" / "schedule.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no trained schedule; run the train stage for regime {regime!r} "
+                                "(or set schedules.source: harness)")
+    schedule = read_schedule(path)
+    if (schedule.regime, schedule.policy, schedule.seed, schedule.source) != (regime, policy, seed, "train"):
+        raise ScheduleError(f"{path}: expected the train schedule of {regime}/{policy}/seed-{seed}")
+    return schedule
+
+
 def _write_decisions(path: Path, result: ControlResult) -> None:
     io.write_text(path, "".join(json.dumps(asdict(d), sort_keys=True) + "\n" for d in result.decisions))
 
@@ -82,14 +95,18 @@ def build_schedules(params: Params, regime: str, root: Path = Path(".")) -> pd.D
 
     jobs = [(seed, policy) for seed in params.seeds for policy in params.control.policies]
     timelines = {seed: load_timeline(root, regime, seed) for seed in params.seeds}
+    source = params.schedules.source
     for seed in params.seeds:
         emit(no_sync(regime, seed, cfg.duration_s, params.merge.window_s, params.merge.min_gap_s),
              SCHEDULE_SETS_DIR / regime / f"seed-{seed}" / "no_sync.json")
     for seed, policy in tqdm(jobs, desc=f"schedules {regime}", unit="run", leave=False):
         seed_dir = SCHEDULE_SETS_DIR / regime / f"seed-{seed}"
-        controller, result = run_harness(params, regime, policy, seed, timelines[seed])
+        if source == "train":
+            controller = trained_schedule(root, regime, policy, seed)
+        else:
+            controller, result = run_harness(params, regime, policy, seed, timelines[seed])
+            _write_decisions(Path(root) / seed_dir / f"{policy}.decisions.jsonl", result)
         emit(controller, seed_dir / f"{policy}.json")
-        _write_decisions(Path(root) / seed_dir / f"{policy}.decisions.jsonl", result)
         emit(offline_bound(controller, LoadIntegral(timelines[seed])), seed_dir / "offline_bound" / f"{policy}.json")
         for draw in range(params.schedules.random_draws):
             emit(matched_random(controller, draw), seed_dir / "matched_random" / f"{policy}-{draw:03d}.json")

@@ -1,0 +1,146 @@
+"""The train stage's launcher: island processes on one machine, watched to the end.
+
+Starts one `python -m syncsafe.diloco.worker` process per island with the
+environment torchrun would give it, logs each to
+`runs/train/<regime>/logs/`, and watches them. When an island dies the others
+fail within the collective timeout; the launcher then either fails the stage
+naming the lost island and the tail of its log (`on_island_failure: fail`) or
+resumes the interrupted run from its last merge checkpoint on the surviving
+islands and then carries on with the remaining runs on the full group
+(`continue`). Nothing waits forever: stragglers are killed after the
+collective timeout plus a grace period.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from syncsafe.config import Params
+from syncsafe.diloco.resources import prepare_tokenizer
+from syncsafe.diloco.run import TRAIN_DIR, is_complete, train_dir
+
+GRACE_S = 10.0
+
+
+class IslandLost(RuntimeError):
+    """An island process died and the configuration says fail."""
+
+
+@dataclass
+class Exit:
+    island: int
+    returncode: int
+    log: Path
+
+    def describe(self) -> str:
+        if self.returncode < 0:
+            return f"killed by {signal.Signals(-self.returncode).name}"
+        return f"exited with code {self.returncode}"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log)"
+
+
+def _launch(params_path: Path, regime: str, root: Path, island_ids: list[int], runs: list[tuple[str, int]],
+            resume: bool, attempt: int, fault: str | None, timeout_s: float,
+            progress: tqdm) -> Exit | None:
+    """Run one island group to completion; return the first island that failed, if any."""
+    log_dir = Path(root) / TRAIN_DIR / regime / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    port = _free_port()
+    cmd = [sys.executable, "-m", "syncsafe.diloco.worker", "--params", str(params_path), "--regime", regime,
+           "--root", str(root), "--island-ids", ",".join(map(str, island_ids))]
+    for policy in dict.fromkeys(p for p, _ in runs):
+        cmd += ["--policy", policy]
+    for seed in dict.fromkeys(s for _, s in runs):
+        cmd += ["--seed", str(seed)]
+    if resume:
+        cmd.append("--resume")
+    procs: list[tuple[int, subprocess.Popen, Path]] = []
+    for rank, island in enumerate(island_ids):
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(len(island_ids)),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+        env.pop("SYNCSAFE_FAULT", None)
+        if fault:
+            env["SYNCSAFE_FAULT"] = fault
+        log = log_dir / f"attempt-{attempt}-island-{island}.log"
+        with open(log, "w") as fh:
+            procs.append((island, subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT), log))
+    first: Exit | None = None
+    deadline: float | None = None
+    try:
+        while any(p.poll() is None for _, p, _ in procs):
+            time.sleep(0.2)
+            done = sum(is_complete(train_dir(root, regime, p, s)) for p, s in runs)
+            progress.update(done - progress.n) if done > progress.n else None
+            for island, p, log in procs:
+                if first is None and p.returncode not in (None, 0):
+                    first = Exit(island, p.returncode, log)
+                    deadline = time.monotonic() + timeout_s + GRACE_S
+            if deadline is not None and time.monotonic() > deadline:
+                break
+    finally:
+        for _, p, _ in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    if first is None:
+        first = next((Exit(i, p.returncode, log) for i, p, log in procs if p.returncode != 0), None)
+    return first
+
+
+def train_regime(params: Params, params_path: Path, regime: str, root: Path = Path("."), resume: bool = False,
+                 policies: list[str] | None = None, seeds: list[int] | None = None) -> list[Path]:
+    """Train every (policy, seed) run of `regime`; returns the run directories."""
+    if params.profile == "cpu":
+        prepare_tokenizer(params, root)  # once, before the islands race for the cache
+    runs = [(p, s) for p in (policies or params.control.policies) for s in (seeds or params.seeds)]
+    islands = list(range(params.train.islands))
+    fault = os.environ.get("SYNCSAFE_FAULT") or None
+    timeout = params.train.collective_timeout_s
+    attempt = 0
+    with tqdm(total=len(runs), desc=f"train {regime}", unit="run", leave=False) as progress:
+        while True:
+            pending = [r for r in runs if not is_complete(train_dir(root, regime, *r))] if (resume or attempt) else runs
+            if not pending:
+                break
+            lost = _launch(params_path, regime, root, islands, pending, resume or attempt > 0, attempt, fault,
+                           timeout, progress)
+            attempt += 1
+            fault = None  # a fault drill fires once
+            if lost is None:
+                break
+            message = (f"train {regime}: island {lost.island} {lost.describe()}; "
+                       f"log {lost.log}:\n{_tail(lost.log)}")
+            survivors = [i for i in islands if i != lost.island]
+            if params.train.on_island_failure == "fail" or not survivors:
+                raise IslandLost(message)
+            interrupted = next(r for r in pending if not is_complete(train_dir(root, regime, *r)))
+            print(f"{message}\ncontinuing {regime}/{interrupted[0]}/seed-{interrupted[1]} on islands {survivors}",
+                  file=sys.stderr)
+            again = _launch(params_path, regime, root, survivors, [interrupted], True, attempt, None, timeout,
+                            progress)
+            attempt += 1
+            if again is not None:
+                raise IslandLost(f"train {regime}: island {again.island} {again.describe()} while continuing on "
+                                 f"survivors; log {again.log}:\n{_tail(again.log)}")
+    return [train_dir(root, regime, p, s) for p, s in runs]

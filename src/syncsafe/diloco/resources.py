@@ -1,0 +1,78 @@
+"""Model, tokenizer and data for a training process, per profile.
+
+- cpu: the offline stdlib corpus, a byte-level BPE tokenizer trained on it
+  (cached under `models/tokenizer`, keyed by corpus and vocab size) and a
+  tiny Llama built from `train.model`, seeded by the run's seed so every
+  island starts from the same weights.
+- gpu: a Hugging Face model and tokenizer by name and a streamed dataset,
+  island i reading shard i of M+1 (shard M is held out for eval).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from syncsafe.config import Params
+from syncsafe.diloco.corpus import build_stdlib_corpus, eval_batches, island_batches, stream_hf_island_batches
+from syncsafe.diloco.islands import step_batches
+from syncsafe.diloco.model import TinyLlamaSpec, build_tiny_llama, load_pretrained_model
+from syncsafe.diloco.run import Resources, World
+from syncsafe.diloco.tokenizer import load_or_build_tokenizer
+
+TOKENIZER_DIR = Path("models") / "tokenizer"
+
+
+def model_spec(params: Params, seed: int) -> TinyLlamaSpec:
+    m = params.train.model
+    return TinyLlamaSpec(hidden_size=m.hidden_size, num_layers=m.num_layers, num_heads=m.num_heads,
+                         num_kv_heads=m.num_heads, intermediate_size=m.intermediate_size,
+                         max_position_embeddings=m.max_position_embeddings, seed=seed)
+
+
+def prepare_tokenizer(params: Params, root: Path):
+    """Build (or reuse) the cpu-profile corpus and tokenizer; returns both."""
+    corpus = build_stdlib_corpus(max_bytes=params.train.corpus_bytes)
+    tokenizer = load_or_build_tokenizer(Path(root) / TOKENIZER_DIR, corpus.train_texts(), corpus.fingerprint,
+                                        vocab_size=params.train.vocab_size)
+    return corpus, tokenizer
+
+
+def cpu_resources(params: Params, root: Path, world: World) -> Resources:
+    cfg = params.train
+    corpus, tokenizer = prepare_tokenizer(params, root)
+    held_out = eval_batches(corpus, tokenizer, cfg.seq_len, cfg.batch_size, max_batches=cfg.eval_batches)
+    shards: dict[tuple[int, int, int], object] = {}
+
+    def batches_for(island_id: int, num_islands: int, seed: int, start_step: int):
+        key = (island_id, num_islands, seed)
+        if key not in shards:
+            shards[key] = island_batches(corpus, tokenizer, island_id, num_islands, cfg.seq_len, cfg.batch_size, seed)
+        return step_batches(shards[key])
+
+    return Resources(tokenizer=tokenizer, build_model=lambda seed: build_tiny_llama(model_spec(params, seed), tokenizer),
+                     batches_for=batches_for, eval_batches=held_out)
+
+
+def gpu_resources(params: Params, world: World) -> Resources:  # pragma: no cover - needs GPUs and the hub
+    from transformers import AutoTokenizer
+
+    cfg, hub = params.train, params.train.hub
+    tokenizer = AutoTokenizer.from_pretrained(hub.model)
+
+    def stream(shard: int, shards: int, start_step: int):
+        return stream_hf_island_batches(hub.dataset, tokenizer, shard, shards, cfg.seq_len, cfg.batch_size,
+                                        config_name=hub.dataset_config, text_field=hub.text_field, start_step=start_step)
+
+    held_out_stream = stream(world.num_islands, world.num_islands + 1, 0)
+    held_out = [next(held_out_stream) for _ in range(cfg.eval_batches)]
+
+    def build_model(seed: int):
+        torch.manual_seed(seed)
+        return load_pretrained_model(hub.model, dtype=torch.bfloat16).to(world.device)
+
+    def batches_for(island_id: int, num_islands: int, seed: int, start_step: int):
+        return step_batches(stream(island_id, num_islands + 1, start_step), start=start_step)
+
+    return Resources(tokenizer=tokenizer, build_model=build_model, batches_for=batches_for, eval_batches=held_out)

@@ -1,0 +1,211 @@
+"""One DiLoCo training run (regime × policy × seed) inside an island process.
+
+Every island process of the group calls `train_run` for the same run. Rank 0
+runs the controller loop and writes the run's outputs; all ranks train and
+merge. Outputs in `runs/train/<regime>/<policy>/seed-<S>/`:
+
+- `schedule.json`   merge starts in trace seconds (schedule contract, source `train`)
+- `decisions.jsonl` every control cycle: reports, signals, decision, reason, score
+- `losses.csv`      step, island, training loss (per-island loss curves)
+- `merges.csv`      per merge: trace time, step, eval loss of the merged model,
+                    bytes communicated, wall time
+- `model/`          Hugging Face export of the final global model (+ tokenizer)
+- `metrics.json`    final eval loss, tokens, merges, bytes and wall time; written
+                    last, so its presence marks a complete run
+
+While a run is in flight, `checkpoints/merge-<K>/` holds every island's state
+and the controller's after merge K, and `checkpoints/LATEST` names the newest
+complete one; `resume` continues from there and reproduces the same losses.
+Checkpoints are removed once the run is complete.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+import torch.distributed as dist
+
+from syncsafe import io
+from syncsafe.config import Params
+from syncsafe.control.controller import ControlResult, run_controller
+from syncsafe.control.policies import Policy, build_policy
+from syncsafe.control.signals import TimelineSignals
+from syncsafe.diloco.checkpoint import load_checkpoint, save_checkpoint
+from syncsafe.diloco.export import export_global_model
+from syncsafe.diloco.islands import DistributedLearners, Fault, Island, follow
+from syncsafe.diloco.outer import MergeStats, OuterOptimizer, assign_parameters
+from syncsafe.schedules.schedule import Schedule, write_schedule
+from syncsafe.schedules.stage import control_plan
+from syncsafe.serving.calibration import load_calibration
+from syncsafe.traces.stage import load_timeline
+
+TRAIN_DIR = Path("runs") / "train"
+
+
+def train_dir(root: Path, regime: str, policy: str, seed: int) -> Path:
+    return Path(root) / TRAIN_DIR / regime / policy / f"seed-{seed}"
+
+
+def is_complete(run_dir: Path) -> bool:
+    return (run_dir / "metrics.json").is_file()
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place in the island group."""
+
+    rank: int
+    world_size: int
+    #: Island id of every rank (ids survive a restart on fewer islands).
+    island_ids: tuple[int, ...]
+    #: Islands the run was configured with (shards are cut for this many).
+    num_islands: int
+    device: torch.device
+
+    @property
+    def island_id(self) -> int:
+        return self.island_ids[self.rank]
+
+
+@dataclass
+class Resources:
+    """What every run of a process shares: tokenizer, data access and builders."""
+
+    tokenizer: Any
+    build_model: Any  # (seed) -> model on device
+    batches_for: Any  # (island_id, num_islands, seed, start_step) -> step -> batch
+    eval_batches: list[torch.Tensor]
+
+
+def _checkpoint_paths(run_dir: Path, merge: int) -> Path:
+    return run_dir / "checkpoints" / f"merge-{merge:04d}"
+
+
+def _latest_merge(run_dir: Path) -> int | None:
+    latest = run_dir / "checkpoints" / "LATEST"
+    return int(latest.read_text().strip()) if latest.is_file() else None
+
+
+def train_run(params: Params, regime: str, policy_name: str, seed: int, root: Path, world: World,
+              res: Resources, resume: bool, fault: Fault | None = None) -> None:
+    """Train one run to the end of the regime's trace (all ranks call this together)."""
+    cfg = params.train
+    run_dir = train_dir(root, regime, policy_name, seed)
+    plan = control_plan(params, regime)
+    model = res.build_model(seed)
+    inner = torch.optim.AdamW(model.parameters(), lr=cfg.inner_lr, weight_decay=cfg.weight_decay)
+    outer = OuterOptimizer(model, num_islands=world.world_size, lr=cfg.outer_lr, momentum=cfg.outer_momentum)
+    start = _latest_merge(run_dir) if resume else None
+    island = Island(
+        island_id=world.island_id,
+        model=model,
+        inner=inner,
+        outer=outer,
+        batches=res.batches_for(world.island_id, world.num_islands, seed, 0),
+        tokens_per_step=cfg.batch_size * cfg.seq_len,
+        fault=fault,
+    )
+    state: ControlResult | None = None
+    policy: Policy | None = None
+    merge_log: list[dict[str, Any]] = []
+    if start is None:
+        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+    else:
+        island.restore(load_checkpoint(_checkpoint_paths(run_dir, start) / f"island-{world.island_id}.pt"))
+        island.outer.num_islands = world.world_size
+        island.batches = res.batches_for(world.island_id, world.num_islands, seed, island.step)
+        if world.rank == 0:
+            with open(_checkpoint_paths(run_dir, start) / "controller.pkl", "rb") as fh:
+                saved = pickle.load(fh)
+            state, policy, merge_log = ControlResult.from_dict(saved["state"]), saved["policy"], saved["merges"]
+
+    started = time.perf_counter()
+
+    def save_island(stats: MergeStats) -> None:
+        merge_log.append({"merge": island.outer.merges_done, "step": island.step, **stats.to_dict()})
+        save_checkpoint(_checkpoint_paths(run_dir, island.outer.merges_done) / f"island-{world.island_id}.pt",
+                        island.checkpoint())
+        dist.barrier()
+
+    if world.rank == 0:
+        signals = TimelineSignals(load_timeline(root, regime, seed))
+        if policy is None:
+            calibration = load_calibration(params.control.calibrated.calibration)
+            policy = build_policy(policy_name, params.control, params.merge, seed, calibration, signals.step_s)
+
+        def after_merge(result: ControlResult) -> None:
+            record = merge_log[-1]
+            record["t_s"] = result.merge_starts_s[-1]
+            if cfg.merge_eval_batches:
+                record["eval_loss"] = island.eval_loss(res.eval_batches[: cfg.merge_eval_batches])
+            k = island.outer.merges_done
+            with io.atomic_path(_checkpoint_paths(run_dir, k) / "controller.pkl") as tmp:
+                tmp.write_bytes(pickle.dumps({"state": result.to_dict(), "policy": policy, "merges": merge_log}))
+            io.write_text(run_dir / "checkpoints" / "LATEST", f"{k}\n")
+            _prune_checkpoints(run_dir, keep=k)
+
+        learners = DistributedLearners(island, cfg.token_weighted, save_island)
+        result = run_controller(policy, learners, signals, plan, state=state, on_merge=after_merge)
+        learners.stop()
+    else:
+        follow(island, cfg.token_weighted, save_island)
+
+    losses: list[list[tuple[int, float]]] = [[] for _ in range(world.world_size)]
+    dist.all_gather_object(losses, (world.island_id, island.losses))
+    tokens = [0] * world.world_size
+    dist.all_gather_object(tokens, island.tokens_seen)
+    if world.rank == 0:
+        wall = time.perf_counter() - started
+        _write_outputs(params, regime, policy_name, seed, run_dir, world, res, island, result, merge_log, losses,
+                       sum(tokens), wall, resumed=start is not None)
+    dist.barrier()
+
+
+def _prune_checkpoints(run_dir: Path, keep: int) -> None:
+    for old in (run_dir / "checkpoints").glob("merge-*"):
+        if int(old.name.split("-")[1]) < keep:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _write_outputs(params: Params, regime: str, policy: str, seed: int, run_dir: Path, world: World, res: Resources,
+                   island: Island, result: ControlResult, merge_log: list[dict[str, Any]],
+                   losses: list[tuple[int, list[tuple[int, float]]]], tokens: int, wall_s: float, resumed: bool) -> None:
+    plan = control_plan(params, regime)
+    schedule = Schedule(regime=regime, policy=policy, seed=seed, source="train", duration_s=plan.duration_s,
+                        window_s=plan.window_s, min_gap_s=plan.min_gap_s, merge_starts_s=result.merge_starts_s)
+    write_schedule(run_dir / "schedule.json", schedule)
+    io.write_text(run_dir / "decisions.jsonl",
+                  "".join(json.dumps(asdict(d), sort_keys=True) + "\n" for d in result.decisions))
+    loss_rows = [(step, island_id, loss) for island_id, curve in losses for step, loss in curve]
+    io.write_csv(run_dir / "losses.csv", pd.DataFrame(loss_rows, columns=["step", "island", "loss"]).sort_values(["step", "island"]))
+    merges = pd.DataFrame(merge_log)
+    io.write_csv(run_dir / "merges.csv", merges)
+    # The final global model is the state after the last merge (local steps since are not merged).
+    assign_parameters(island.model, island.outer.global_flat.detach())
+    final_eval = island.eval_loss(res.eval_batches)
+    export_global_model(island.model, island.outer, res.tokenizer, run_dir / "model")
+    metrics = {
+        "final_eval_loss": final_eval,
+        "n_merges": len(result.merge_starts_s),
+        "tokens_processed": tokens,
+        "inner_steps": result.step,
+        "islands": world.world_size,
+        "islands_configured": world.num_islands,
+        "island_ids": list(world.island_ids),
+        "bytes_per_merge": int(merges["bytes_communicated"].iloc[0]) if len(merges) else 0,
+        "bytes_communicated": int(merges["bytes_communicated"].sum()) if len(merges) else 0,
+        "merge_wall_s_mean": float(merges["wall_time_s"].mean()) if len(merges) else 0.0,
+        "train_wall_s": wall_s,
+        "tokens_per_s": tokens / wall_s if wall_s > 0 else 0.0,
+        "resumed": resumed,
+    }
+    io.write_json(run_dir / "metrics.json", metrics)
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
