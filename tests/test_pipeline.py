@@ -97,7 +97,10 @@ def test_dvc_repro_in_a_fresh_copy_then_nothing_to_do(tmp_path, repo_root, raw_p
             shutil.copy2(repo_root / rel, project / rel)
     (project / "dvc.lock").unlink(missing_ok=True)
     raw_params["seeds"] = [0]
-    raw_params["regimes"] = {k: v for k, v in raw_params["regimes"].items() if k in ("bursty", "steady")}
+    raw_params["regimes"] = {k: {**v, "duration_s": 120} for k, v in raw_params["regimes"].items() if k in ("bursty", "steady")}
+    raw_params["control"]["policies"] = ["fixed_h", "wa_diloco"]
+    raw_params["schedules"]["source"] = "train"
+    raw_params["train"].update({"corpus_bytes": 300_000, "eval_batches": 2})
     (project / "params.yaml").write_text(yaml.safe_dump(raw_params))
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     run = lambda *a: subprocess.run(a, cwd=project, env=env, capture_output=True, text=True, timeout=600)  # noqa: E731
@@ -105,7 +108,9 @@ def test_dvc_repro_in_a_fresh_copy_then_nothing_to_do(tmp_path, repo_root, raw_p
         assert run(*cmd).returncode == 0
     first = run("dvc", "repro")
     assert first.returncode == 0, first.stdout + first.stderr
-    assert "Running stage 'schedules@steady'" in first.stdout
+    assert "Running stage 'train@steady'" in first.stdout and "Running stage 'schedules@steady'" in first.stdout
+    index = pd.read_csv(project / "runs" / "schedules" / "index.csv")
+    assert set(index.loc[index["matched_to"].isna() & (index["policy"] != "no_sync"), "source"]) == {"train"}
     assert (project / "runs" / "schedules" / "index.csv").is_file()
     second = run("dvc", "repro")
     assert second.returncode == 0

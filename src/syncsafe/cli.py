@@ -63,6 +63,32 @@ def traces(regime: RegimeOpt = None, params: ParamsOpt = Path("params.yaml"), ro
         typer.echo(f"traces {name}: {len(written)} files for seeds {p.seeds}")
 
 
+@app.command()
+@_fails_cleanly
+def train(
+    regime: RegimeOpt = None,
+    policy: Annotated[list[str] | None, typer.Option("--policy", help="policy to train; default: all")] = None,
+    seed: Annotated[list[int] | None, typer.Option("--seed", help="seed to train; default: all")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="skip complete runs; continue others from their last merge")] = False,
+    params: ParamsOpt = Path("params.yaml"),
+    root: RootOpt = Path("."),
+) -> None:
+    """Stage train: DiLoCo islands as processes, merges gated by each policy, per regime x policy x seed."""
+    from syncsafe.diloco.launch import IslandLost, train_regime
+
+    p = load_params(params)
+    for name in policy or []:
+        if name not in p.control.policies:
+            raise ConfigError(f"--policy {name!r}: not in control.policies ({p.control.policies})")
+    for name in _regimes(p, regime):
+        try:
+            dirs = train_regime(p, params, name, root, resume=resume, policies=policy, seeds=seed)
+        except IslandLost as err:
+            typer.echo(f"error: {err}", err=True)
+            raise typer.Exit(3) from None
+        typer.echo(f"train {name}: {len(dirs)} runs in {Path(root) / 'runs' / 'train' / name}")
+
+
 @app.command("import-trace")
 @_fails_cleanly
 def import_trace_cmd(

@@ -13,6 +13,7 @@ raises on its peers instead of hanging them.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 from collections.abc import Callable, Iterator
@@ -95,10 +96,23 @@ class Island:
         return self.tokens_since_merge // self.tokens_per_step
 
     def merge(self, token_weighted: bool) -> MergeStats:
+        """The outer step on every island, then a check that all islands hold the same weights."""
         weight = float(self.tokens_since_merge) if token_weighted else 1.0
         stats = self.outer.merge(self.model, torch_all_reduce_mean(device=_collective_device(self.model)), weight=weight)
         self.tokens_since_merge = 0
+        digests: list[str] = [""] * dist.get_world_size()
+        dist.all_gather_object(digests, self.weights_digest())
+        if len(set(digests)) != 1:
+            raise RuntimeError(f"island {self.island_id}: islands hold different weights after merge "
+                               f"{self.outer.merges_done}: {digests}")
         return stats
+
+    def weights_digest(self) -> str:
+        """sha256 of the local parameters (equal on every island right after a merge)."""
+        digest = hashlib.sha256()
+        for p in self.model.parameters():
+            digest.update(p.detach().cpu().float().numpy().tobytes())
+        return digest.hexdigest()
 
     def eval_loss(self, batches: list[torch.Tensor]) -> float:
         return eval_loss(self.model, batches)
@@ -118,9 +132,10 @@ class Island:
         )
 
     def restore(self, ckpt: TrainingCheckpoint) -> None:
+        """Continue from a merge checkpoint (possibly on fewer islands than wrote it)."""
         self.model.load_state_dict(ckpt.model_state)
         self.inner.load_state_dict(ckpt.inner_optimizer_state)
-        self.outer.load_state_dict(ckpt.outer_optimizer_state)
+        self.outer.load_state_dict(ckpt.outer_optimizer_state, islands_may_change=True)
         restore_rng_state(ckpt.rng_state)
         self.step = ckpt.inner_step
         self.tokens_seen = ckpt.tokens_seen

@@ -85,17 +85,21 @@ def _launch(params_path: Path, regime: str, root: Path, island_ids: list[int], r
         log = log_dir / f"attempt-{attempt}-island-{island}.log"
         with open(log, "w") as fh:
             procs.append((island, subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT), log))
-    first: Exit | None = None
+    exits: dict[int, tuple[int, Exit]] = {}  # island -> (poll round it was seen dead, exit)
     deadline: float | None = None
+    rounds = 0
     try:
-        while any(p.poll() is None for _, p, _ in procs):
+        while len(exits) < len(procs):
             time.sleep(0.2)
-            done = sum(is_complete(train_dir(root, regime, p, s)) for p, s in runs)
-            progress.update(done - progress.n) if done > progress.n else None
+            rounds += 1
             for island, p, log in procs:
-                if first is None and p.returncode not in (None, 0):
-                    first = Exit(island, p.returncode, log)
-                    deadline = time.monotonic() + timeout_s + GRACE_S
+                if island not in exits and p.poll() is not None:
+                    exits[island] = (rounds, Exit(island, p.returncode, log))
+                    if p.returncode != 0 and deadline is None:
+                        deadline = time.monotonic() + timeout_s + GRACE_S
+            done = sum(is_complete(train_dir(root, regime, p, s)) for p, s in runs)
+            if done > progress.n:
+                progress.update(done - progress.n)
             if deadline is not None and time.monotonic() > deadline:
                 break
     finally:
@@ -103,9 +107,14 @@ def _launch(params_path: Path, regime: str, root: Path, island_ids: list[int], r
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    if first is None:
-        first = next((Exit(i, p.returncode, log) for i, p, log in procs if p.returncode != 0), None)
-    return first
+    return _first_lost(exits)
+
+
+def _first_lost(exits: dict[int, tuple[int, Exit]]) -> Exit | None:
+    """The island that failed first; in one poll round, one killed by a signal before one
+    that exited with an error (its peers' collectives fail because it is gone)."""
+    failed = [(seen, e.returncode >= 0, e.island, e) for seen, e in exits.values() if e.returncode != 0]
+    return min(failed)[3] if failed else None
 
 
 def train_regime(params: Params, params_path: Path, regime: str, root: Path = Path("."), resume: bool = False,

@@ -211,14 +211,19 @@ class OuterOptimizer:
             "sgd": copy.deepcopy(self.sgd.state_dict()),
         }
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore from :meth:`state_dict`; the model layout and island count must match."""
+    def load_state_dict(self, state: Mapping[str, Any], islands_may_change: bool = False) -> None:
+        """Restore from :meth:`state_dict`; the model layout and (unless allowed) the island count must match.
+
+        ``islands_may_change`` is for continuing on the surviving islands after
+        one is lost: the global state is the same on every island, only the
+        number averaged over from now on differs.
+        """
         if state.get("format") != STATE_FORMAT:
             raise ValueError(f"not an outer optimizer state (format {state.get('format')!r})")
         saved_layout = ParameterLayout(tuple(state["names"]), tuple(tuple(s) for s in state["shapes"]))
         if saved_layout != self.layout:
             raise ValueError("outer optimizer state was saved for a different model (parameter names/shapes differ)")
-        if state["num_islands"] != self.num_islands:
+        if state["num_islands"] != self.num_islands and not islands_may_change:
             raise ValueError(f"outer state is for {state['num_islands']} islands, this run has {self.num_islands}")
         with torch.no_grad():
             self.global_flat.copy_(state["global_flat"])

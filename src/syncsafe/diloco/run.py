@@ -120,7 +120,6 @@ def train_run(params: Params, regime: str, policy_name: str, seed: int, root: Pa
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
     else:
         island.restore(load_checkpoint(_checkpoint_paths(run_dir, start) / f"island-{world.island_id}.pt"))
-        island.outer.num_islands = world.world_size
         island.batches = res.batches_for(world.island_id, world.num_islands, seed, island.step)
         if world.rank == 0:
             with open(_checkpoint_paths(run_dir, start) / "controller.pkl", "rb") as fh:

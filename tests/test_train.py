@@ -1,0 +1,137 @@
+"""Real DiLoCo training: island processes over gloo, policy-gated merges, faults and resume.
+
+Slow: each test launches groups of 2 island processes on a 120 s trace
+(inner steps of 5 trace seconds, control cycle 4 steps = 20 s, max_h 16, 8 s
+merge windows: fixed_h with h=8 trains 5 cycles, 20 steps, merging at steps 8
+and 16, trace times 40 s and 88 s).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+import yaml
+
+from syncsafe.config import load_params
+from syncsafe.diloco.checkpoint import load_checkpoint
+from syncsafe.diloco.launch import IslandLost, train_regime
+from syncsafe.diloco.run import train_dir
+from syncsafe.schedules.schedule import read_schedule
+from syncsafe.traces.stage import build_traces
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[1]
+
+
+def make_project(root: Path, **train) -> Path:
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["seeds"] = [0]
+    raw["regimes"] = {"bursty": {**raw["regimes"]["bursty"], "duration_s": 120}}
+    raw["control"]["policies"] = ["fixed_h", "pressure_gate"]
+    raw["control"]["pressure_gate"] = {"max_pressure": 0.0}  # never opens: merges only when forced at max_h
+    raw["train"].update({"corpus_bytes": 300_000, "eval_batches": 2, "collective_timeout_s": 20, **train})
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / "params.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    build_traces(load_params(path), "bursty", root)
+    return path
+
+
+def train(params_path: Path, root: Path, **kw) -> list[Path]:
+    return train_regime(load_params(params_path), params_path, "bursty", root, **kw)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    """Both policies trained to the end without faults."""
+    root = tmp_path_factory.mktemp("reference")
+    train(make_project(root), root)
+    return root
+
+
+def test_fixed_h_merges_every_h_steps_and_a_deferring_policy_less_often(reference):
+    fixed = pd.read_csv(train_dir(reference, "bursty", "fixed_h", 0) / "merges.csv")
+    assert fixed["step"].tolist() == [8, 16]
+    gated = pd.read_csv(train_dir(reference, "bursty", "pressure_gate", 0) / "merges.csv")
+    assert gated["step"].tolist() == [16]  # forced at max_h only
+    assert len(gated) < len(fixed)
+
+
+def test_run_outputs(reference):
+    run = train_dir(reference, "bursty", "fixed_h", 0)
+    schedule = read_schedule(run / "schedule.json")
+    assert (schedule.source, schedule.policy, schedule.n_merges) == ("train", "fixed_h", 2)
+    assert schedule.merge_starts_s == [40.0, 88.0]  # 8 steps x 5 s, then + 8 s merge window + 40 s
+    metrics = json.loads((run / "metrics.json").read_text())
+    n_bytes = 4 * sum(p.numel() for p in _exported(run).parameters())
+    assert metrics["bytes_per_merge"] == pytest.approx(2 * (n_bytes + 4) * (2 - 1) / 2, abs=1)
+    assert metrics["tokens_processed"] == 2 * 20 * 4 * 64 and metrics["inner_steps"] == 20
+    assert metrics["n_merges"] == 2 and metrics["islands"] == 2
+    losses = pd.read_csv(run / "losses.csv")
+    assert set(losses["island"]) == {0, 1} and losses["step"].max() == 20
+    first, last = losses[losses.step <= 4]["loss"].mean(), losses[losses.step > 16]["loss"].mean()
+    assert last < first, "training lowers the loss"
+    decisions = [json.loads(line) for line in (run / "decisions.jsonl").read_text().splitlines()]
+    assert len(decisions) == 5 and all(len(d["reports"]) == 2 and d["reason"] for d in decisions)
+    assert not (run / "checkpoints").exists()
+
+
+def _exported(run: Path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(run / "model")
+
+
+def test_export_reloads_as_the_trained_global_model(reference):
+    from transformers import AutoTokenizer
+
+    from syncsafe.diloco.corpus import eval_batches
+    from syncsafe.diloco.model import eval_loss
+    from syncsafe.diloco.resources import prepare_tokenizer
+
+    run = train_dir(reference, "bursty", "fixed_h", 0)
+    params = load_params(reference / "params.yaml")
+    corpus, tokenizer = prepare_tokenizer(params, reference)
+    batches = eval_batches(corpus, tokenizer, params.train.seq_len, params.train.batch_size, max_batches=2)
+    reloaded = _exported(run)
+    assert eval_loss(reloaded, batches) == pytest.approx(json.loads((run / "metrics.json").read_text())["final_eval_loss"], rel=1e-5)
+    assert AutoTokenizer.from_pretrained(run / "model")("def f(x):")["input_ids"] == tokenizer("def f(x):")["input_ids"]
+
+
+def test_killed_island_fails_fast_then_resume_reproduces_the_losses(reference, tmp_path, monkeypatch):
+    params_path = make_project(tmp_path)
+    monkeypatch.setenv("SYNCSAFE_FAULT", "1:10")  # island 1 SIGKILLs itself at step 10, after the merge at step 8
+    started = time.monotonic()
+    with pytest.raises(IslandLost, match=r"island 1 killed by SIGKILL"):
+        train(params_path, tmp_path, policies=["fixed_h"])
+    assert time.monotonic() - started < 20 + 10 + 30, "fails within the collective timeout plus grace"
+    run = train_dir(tmp_path, "bursty", "fixed_h", 0)
+    assert not (run / "metrics.json").exists()
+    # the merge checkpoint is complete and every island holds the same weights
+    merge = run / "checkpoints" / "merge-0001"
+    a, b = load_checkpoint(merge / "island-0.pt"), load_checkpoint(merge / "island-1.pt")
+    assert (a.inner_step, b.inner_step) == (8, 8)
+    assert all(torch.equal(a.model_state[k], b.model_state[k]) for k in a.model_state)
+    assert torch.equal(a.outer_optimizer_state["global_flat"], b.outer_optimizer_state["global_flat"])
+    monkeypatch.delenv("SYNCSAFE_FAULT")
+    train(params_path, tmp_path, policies=["fixed_h"], resume=True)
+    resumed = pd.read_csv(run / "losses.csv")
+    original = pd.read_csv(train_dir(reference, "bursty", "fixed_h", 0) / "losses.csv")
+    pd.testing.assert_frame_equal(resumed, original)
+    assert json.loads((run / "metrics.json").read_text())["resumed"] is True
+
+
+def test_killed_island_continues_on_the_survivors(tmp_path, monkeypatch):
+    params_path = make_project(tmp_path, on_island_failure="continue")
+    monkeypatch.setenv("SYNCSAFE_FAULT", "1:10")
+    train(params_path, tmp_path, policies=["fixed_h"])
+    metrics = json.loads((train_dir(tmp_path, "bursty", "fixed_h", 0) / "metrics.json").read_text())
+    assert (metrics["islands"], metrics["island_ids"], metrics["islands_configured"]) == (1, [0], 2)
+    assert metrics["n_merges"] == 2
+    logs = sorted(p.name for p in (tmp_path / "runs" / "train" / "bursty" / "logs").iterdir())
+    assert logs == ["attempt-0-island-0.log", "attempt-0-island-1.log", "attempt-1-island-0.log"]
