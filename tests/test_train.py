@@ -34,6 +34,7 @@ def make_project(root: Path, **train) -> Path:
     raw["regimes"] = {"bursty": {**raw["regimes"]["bursty"], "duration_s": 120}}
     raw["control"]["policies"] = ["fixed_h", "pressure_gate"]
     raw["control"]["pressure_gate"] = {"max_pressure": 0.0}  # never opens: merges only when forced at max_h
+    raw["replay"]["vllm"]["policies"] = ["fixed_h"]
     raw["train"].update({"corpus_bytes": 300_000, "eval_batches": 2, "collective_timeout_s": 20, **train})
     root.mkdir(parents=True, exist_ok=True)
     path = root / "params.yaml"

@@ -19,6 +19,8 @@ from syncsafe.config import ConfigError, Params, load_params
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 schedules_app = typer.Typer(help="Merge schedules: bare `syncsafe schedules` shows the summary view.")
 app.add_typer(schedules_app, name="schedules")
+replay_app = typer.Typer(help="Serving replay: bare `syncsafe replay` shows the summary view.")
+app.add_typer(replay_app, name="replay")
 
 ParamsOpt = Annotated[Path, typer.Option("--params", help="params.yaml to read")]
 RootOpt = Annotated[Path, typer.Option("--root", help="project root that data/ and runs/ live under")]
@@ -37,7 +39,7 @@ def _fails_cleanly(fn: F) -> F:
         except ConfigError as err:
             typer.echo(f"error: {err}", err=True)
             raise typer.Exit(2) from None
-        except (ValueError, FileNotFoundError) as err:
+        except (ValueError, FileNotFoundError, RuntimeError) as err:
             typer.echo(f"error: {err}", err=True)
             raise typer.Exit(1) from None
 
@@ -137,6 +139,51 @@ def schedules_index(params: ParamsOpt = Path("params.yaml"), root: RootOpt = Pat
 
     index = build_index(load_params(params), root)
     typer.echo(f"runs/schedules/index.csv: {len(index)} schedules")
+
+
+@replay_app.callback(invoke_without_command=True)
+@_fails_cleanly
+def replay_view(ctx: typer.Context, root: RootOpt = Path(".")) -> None:
+    """Per backend, regime and policy: SLO violation rate and p95 across seeds."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from syncsafe.serving.view import print_replay_summary
+
+    print_replay_summary(root)
+
+
+@replay_app.command("run")
+@_fails_cleanly
+def replay_run(
+    backend: Annotated[str, typer.Option("--backend", help="simulator | vllm")],
+    regime: RegimeOpt = None,
+    params: ParamsOpt = Path("params.yaml"),
+    root: RootOpt = Path("."),
+) -> None:
+    """Stage replay: schedules against the serving backend under each seed's load."""
+    p = load_params(params)
+    if backend == "simulator":
+        from syncsafe.serving.replay import replay_simulator
+
+        for name in _regimes(p, regime):
+            typer.echo(f"replay simulator {name}: {len(replay_simulator(p, name, root))} replays")
+    elif backend == "vllm":
+        from syncsafe.serving.vllm_replay import replay_vllm
+
+        if regime:
+            raise ConfigError("--regime does not apply to --backend vllm (replay.vllm.regimes chooses)")
+        typer.echo(f"replay vllm: {len(replay_vllm(p, root))} replays")
+    else:
+        raise ConfigError(f"--backend {backend!r}: expected simulator or vllm")
+
+
+@replay_app.command("index")
+@_fails_cleanly
+def replay_index(root: RootOpt = Path(".")) -> None:
+    """Stage replay-index: join the replay sets into runs/replay/index.csv."""
+    from syncsafe.serving.replay import build_replay_index
+
+    typer.echo(f"runs/replay/index.csv: {len(build_replay_index(root))} replays")
 
 
 @app.command()

@@ -282,6 +282,62 @@ class TrainConfig(_Strict):
         return self
 
 
+class SloConfig(_Strict):
+    """The serving SLO: fixed bounds, or the same seed's no-sync p95 times `multiplier`."""
+
+    multiplier: Annotated[float, Field(gt=0)] = 1.5
+    ttft_ms: PositiveFloat | None = None
+    e2e_ms: PositiveFloat | None = None
+
+
+class SimulatorReplay(_Strict):
+    #: Calibration JSON (e.g. runs/calibration/calibration.json); null = shipped defaults.
+    calibration: str | None = None
+
+
+class VllmReplay(_Strict):
+    """Replay against a real vLLM server: a subset of schedules, sized for the profile."""
+
+    enabled: bool = True
+    #: Python of the environment vLLM is installed in (`make vllm-env` builds .venv-vllm).
+    python: str = ".venv-vllm/bin/python"
+    #: Model to serve: a path or hub name; null = the trained export (cpu) / train.hub.model (gpu).
+    model: str | None = None
+    regimes: list[str] = Field(default_factory=lambda: ["bursty"], min_length=1)
+    #: Seeds to replay; null = the first seed.
+    seeds: list[int] | None = None
+    #: Controllers replayed (with their draws); null = the first two of control.policies.
+    policies: list[str] | None = None
+    #: Matched-random draws replayed per controller.
+    draws: Annotated[int, Field(ge=0)] = 2
+    #: Trace seconds replayed per wall second (1 = real time).
+    time_scale: PositiveFloat = 4.0
+    #: Replay only the first this-many trace seconds of each schedule.
+    max_trace_s: PositiveFloat = 240.0
+    port: Annotated[int, Field(ge=1024, le=65535)] = 8123
+    startup_timeout_s: PositiveFloat = 900.0
+    request_timeout_s: PositiveFloat = 120.0
+    #: In-flight cap of the load generator; waits it causes are recorded per request.
+    max_in_flight: Annotated[int, Field(ge=1)] = 256
+    server_args: list[str] = Field(
+        default_factory=lambda: ["--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", "8",
+                                 "--kv-cache-memory-bytes", "64M", "--shutdown-timeout", "2",
+                                 "--disable-uvicorn-access-log"]
+    )
+    #: What runs beside the server during merge windows.
+    interference: Literal["merge", "stress"] = "merge"
+    interference_workers: Annotated[int, Field(ge=1)] = 2
+    scrape_interval_s: PositiveFloat = 0.5
+
+
+class ReplayConfig(_Strict):
+    slo: SloConfig = SloConfig()
+    #: Inference pressure at or above this counts as high pressure (pressure p95 ratio).
+    high_pressure: Fraction = 0.6
+    simulator: SimulatorReplay = SimulatorReplay()
+    vllm: VllmReplay = VllmReplay()
+
+
 class SchedulesConfig(_Strict):
     #: Matched-random draws per controller schedule.
     random_draws: Annotated[int, Field(ge=1)] = 20
@@ -302,6 +358,7 @@ class Params(_Strict):
     harness: HarnessConfig = HarnessConfig()
     train: TrainConfig = TrainConfig()
     schedules: SchedulesConfig = SchedulesConfig()
+    replay: ReplayConfig = ReplayConfig()
 
     @model_validator(mode="after")
     def _consistent(self) -> Params:
@@ -327,6 +384,17 @@ class Params(_Strict):
                 )
             if not _is_multiple(regime.duration_s, step):
                 raise ValueError(f"regimes.{name}.duration_s must be a multiple of traces.step_s ({step})")
+        vllm = self.replay.vllm
+        for key, chosen, allowed in (
+            ("replay.vllm.regimes", vllm.regimes, list(self.regimes)),
+            ("replay.vllm.policies", vllm.policies or [], self.control.policies),
+            ("replay.vllm.seeds", vllm.seeds or [], self.seeds),
+        ):
+            unknown = [x for x in chosen if x not in allowed]
+            if unknown:
+                raise ValueError(f"{key}: {unknown} not among {allowed}")
+        if vllm.draws > self.schedules.random_draws:
+            raise ValueError(f"replay.vllm.draws ({vllm.draws}) must be <= schedules.random_draws ({self.schedules.random_draws})")
         return self
 
 

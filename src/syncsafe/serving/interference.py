@@ -1,0 +1,142 @@
+"""Merge interference beside the serving backend, only inside merge windows.
+
+`MergeInterference` keeps a few worker processes alive for a whole replay
+stage. For each schedule it is given the merge windows as wall-clock
+intervals; the workers sleep until each window opens and work until it
+closes, then report the intervals they actually worked.
+
+- `merge` (default): the real outer-merge work of a DiLoCo island, repeated
+  back to back for the window: an all-reduce of a model-sized pseudo-gradient
+  among the workers (torch.distributed, gloo), the averaged update applied,
+  and a checkpoint written. On a real fleet one merge of a large model takes
+  the whole window; for a small model the loop fills it.
+- `stress`: a matmul loop in each worker (the paper's synthetic stress).
+
+Rank 0 decides every iteration whether the window is still open and
+broadcasts it, so all workers leave the window after the same all-reduce.
+`no_sync` replays pass no windows and the workers stay idle.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import socket
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Literal
+
+Mode = Literal["merge", "stress"]
+
+
+class InterferenceError(RuntimeError):
+    """A worker died or did not report back."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world: int, port: int, mode: Mode, numel: int, scratch: str,
+            commands: mp.Queue, results: mp.Queue) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    if mode == "merge":
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=timedelta(seconds=120))
+    generator = torch.Generator().manual_seed(rank)
+    pseudo_gradient = torch.randn(numel, generator=generator)
+    weights = torch.zeros(numel)
+    a = torch.randn(384, 384, generator=generator)
+    checkpoint = Path(scratch) / f"merge-checkpoint-{rank}.pt"
+    while True:
+        windows = commands.get()
+        if windows is None:
+            break
+        worked = []
+        for start, end in windows:
+            time.sleep(max(0.0, start - time.time()))
+            began, iterations = time.time(), 0
+            if mode == "merge":
+                flag = torch.zeros(1)
+                while True:
+                    flag[0] = 1.0 if time.time() < end else 0.0
+                    dist.broadcast(flag, src=0)
+                    if flag[0] == 0:
+                        break
+                    buf = pseudo_gradient.clone()
+                    dist.all_reduce(buf)
+                    weights.add_(buf, alpha=-0.7 / world)
+                    if rank == 0:
+                        torch.save(weights, checkpoint)
+                    iterations += 1
+            else:
+                while time.time() < end:
+                    a = torch.tanh(a @ a / 384.0)
+                    iterations += 1
+            worked.append((began, time.time(), iterations))
+        results.put((rank, worked))
+    if mode == "merge":
+        dist.destroy_process_group()
+
+
+class MergeInterference:
+    """Worker processes that run merge work during the windows they are given."""
+
+    def __init__(self, mode: Mode, workers: int, payload_numel: int, scratch_dir: Path) -> None:
+        self.mode = mode
+        self.world = workers
+        self.numel = payload_numel
+        self.scratch = Path(scratch_dir)
+        self._procs: list[mp.Process] = []
+        self._commands: list[mp.Queue] = []
+        self._results: mp.Queue | None = None
+
+    def __enter__(self) -> MergeInterference:
+        ctx = mp.get_context("spawn")
+        self.scratch.mkdir(parents=True, exist_ok=True)
+        self._results = ctx.Queue()
+        port = _free_port()
+        for rank in range(self.world):
+            q = ctx.Queue()
+            p = ctx.Process(target=_worker, args=(rank, self.world, port, self.mode, self.numel, str(self.scratch),
+                                                  q, self._results), daemon=True)
+            p.start()
+            self._procs.append(p)
+            self._commands.append(q)
+        return self
+
+    def submit(self, windows: list[tuple[float, float]]) -> None:
+        """Start working on these (start_epoch, end_epoch) windows in the background."""
+        for q in self._commands:
+            q.put(list(windows))
+
+    def collect(self, timeout_s: float) -> list[tuple[float, float, int]]:
+        """Wait for every worker's report; rank 0's worked intervals (begin, end, iterations)."""
+        assert self._results is not None
+        reports = {}
+        deadline = time.monotonic() + timeout_s
+        while len(reports) < self.world:
+            dead = [i for i, p in enumerate(self._procs) if not p.is_alive()]
+            if dead:
+                raise InterferenceError(f"interference worker(s) {dead} died (exit {self._procs[dead[0]].exitcode})")
+            try:
+                rank, worked = self._results.get(timeout=min(1.0, max(0.01, deadline - time.monotonic())))
+                reports[rank] = worked
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise InterferenceError(f"interference workers did not report within {timeout_s:.0f} s") from None
+        return reports[0]
+
+    def __exit__(self, *exc) -> None:
+        for q in self._commands:
+            q.put(None)
+        for p in self._procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join()

@@ -1,0 +1,106 @@
+"""Open-loop load generator against an OpenAI-compatible completions endpoint.
+
+Every request of a seed's request table is sent at its arrival time (trace
+seconds divided by `time_scale`, from a common start), whatever the server is
+doing: arrivals never wait for completions. An optional in-flight cap holds a
+request back only when that many are already open; the wait is recorded per
+request (`cap_wait_ms`), so a binding cap is visible, never silent.
+
+Prompts are token-id lists of exactly `prompt_tokens` ids (seeded), and
+`max_tokens = output_tokens` with `ignore_eos`, so the server does the work
+the trace asks for. Each request streams; TTFT is the first content chunk,
+E2E the `[DONE]` marker, output tokens come from the final `usage` chunk.
+A request that fails (HTTP error, broken stream, timeout) is kept with its
+error text: failures are counted, never dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import asdict, dataclass
+
+import aiohttp
+import numpy as np
+import pandas as pd
+
+
+@dataclass
+class RequestResult:
+    request_id: int
+    arrival_s: float
+    scheduled_epoch: float
+    send_epoch: float
+    cap_wait_ms: float
+    prompt_tokens: int
+    output_tokens: int
+    ttft_ms: float
+    e2e_ms: float
+    output_tokens_received: int
+    error: str
+
+
+def prompt_ids(rng: np.random.Generator, n: int, vocab_size: int, first_id: int = 3) -> list[int]:
+    """n token ids drawn from the ordinary vocabulary (ids below `first_id` are special tokens)."""
+    return rng.integers(first_id, vocab_size, n).tolist()
+
+
+async def _one(session: aiohttp.ClientSession, url: str, model: str, rid: int, row, start_epoch: float,
+               time_scale: float, prompt: list[int], cap: asyncio.Semaphore, timeout_s: float) -> RequestResult:
+    scheduled = start_epoch + row.arrival_s / time_scale
+    await asyncio.sleep(max(0.0, scheduled - time.time()))
+    waited = time.time()
+    async with cap:
+        send = time.time()
+        cap_wait_ms = (send - waited) * 1000.0
+        ttft = e2e = float("nan")
+        received, error = 0, ""
+        body = {"model": model, "prompt": prompt, "max_tokens": int(row.output_tokens), "stream": True,
+                "ignore_eos": True, "temperature": 0.0, "stream_options": {"include_usage": True}}
+        try:
+            async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+                if resp.status != 200:
+                    error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
+                else:
+                    async for raw in resp.content:
+                        line = raw.decode("utf-8", "replace").strip()
+                        if not line.startswith("data:"):
+                            continue
+                        data = line[5:].strip()
+                        if data == "[DONE]":
+                            e2e = (time.time() - send) * 1000.0
+                            break
+                        chunk = json.loads(data)
+                        if chunk.get("choices") and ttft != ttft:  # first content chunk (nan != nan)
+                            ttft = (time.time() - send) * 1000.0
+                        if chunk.get("usage"):
+                            received = int(chunk["usage"].get("completion_tokens", 0))
+                    if e2e != e2e:
+                        error = "stream ended before [DONE]"
+        except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError) as err:
+            error = f"{type(err).__name__}: {err}"[:200] or type(err).__name__
+    return RequestResult(rid, float(row.arrival_s), scheduled, send, cap_wait_ms, int(row.prompt_tokens),
+                         int(row.output_tokens), ttft, e2e, received, error)
+
+
+async def _replay(base_url: str, model: str, requests: pd.DataFrame, start_epoch: float, time_scale: float,
+                  prompts: list[list[int]], max_in_flight: int, timeout_s: float) -> list[RequestResult]:
+    cap = asyncio.Semaphore(max_in_flight)
+    connector = aiohttp.TCPConnector(limit=max_in_flight, force_close=False)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        url = f"{base_url}/v1/completions"
+        tasks = [
+            _one(session, url, model, i, row, start_epoch, time_scale, prompts[i], cap, timeout_s)
+            for i, row in enumerate(requests.itertuples(index=False))
+        ]
+        return list(await asyncio.gather(*tasks))
+
+
+def replay_requests(base_url: str, model: str, requests: pd.DataFrame, start_epoch: float, time_scale: float,
+                    vocab_size: int, seed: int, max_in_flight: int = 256, timeout_s: float = 120.0) -> pd.DataFrame:
+    """Send every request open loop; one row per request (`RequestResult` fields)."""
+    rng = np.random.default_rng([seed, 7919])
+    prompts = [prompt_ids(rng, int(n), vocab_size) for n in requests["prompt_tokens"]]
+    results = asyncio.run(_replay(base_url, model, requests, start_epoch, time_scale, prompts, max_in_flight, timeout_s))
+    return pd.DataFrame([asdict(r) for r in results], columns=list(RequestResult.__dataclass_fields__))

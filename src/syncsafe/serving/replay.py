@@ -1,0 +1,182 @@
+"""The replay stage: merge schedules replayed against a serving backend under the seed's load.
+
+Backends:
+- `simulator`: every schedule of the schedule index (controllers, matched-
+  random draws, no_sync, offline bounds) through the discrete-event model.
+- `vllm`: a subset (`replay.vllm`: regimes, seeds, controllers, draws) against
+  one real vLLM server for the whole stage run, open loop, with the merge
+  workload running beside it during each merge window and the server's
+  Prometheus gauges scraped throughout.
+
+Each seed's no_sync schedule is replayed first: the SLO every schedule of
+that seed is judged by is the no-sync p95 times `replay.slo.multiplier`
+(unless fixed bounds are set). Per replay, in
+`runs/replay-sets/<backend>/<regime>/seed-<S>/<schedule>/`: `requests.parquet`
+(one row per request), `summary.json` (written last, only for a complete
+replay), and for vLLM `signals.parquet` and `windows.csv` (the intervals the
+merge workload actually ran). `build_replay_index` joins the per-set indexes
+into `runs/replay/index.csv`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from tqdm import tqdm
+
+from syncsafe import io
+from syncsafe.config import Params
+from syncsafe.schedules.schedule import Schedule, read_schedule
+from syncsafe.schedules.stage import SCHEDULE_SETS_DIR, read_index
+from syncsafe.serving.calibration import load_calibration
+from syncsafe.serving.metrics import REQUEST_RESULT_COLUMNS, SloSpec, derive_slo, summarize
+from syncsafe.serving.simulator import PressureLookup, simulate_replay
+from syncsafe.traces.stage import load_timeline, trace_dir
+
+REPLAY_SETS_DIR = Path("runs") / "replay-sets"
+REPLAY_INDEX = Path("runs") / "replay" / "index.csv"
+INDEX_COLUMNS = ("regime", "policy", "seed", "draw", "backend", "slo_violation_rate", "p95_ms", "p99_ms",
+                 "n_requests", "n_failed", "path")
+EXTRA_COLUMNS = ("matched_to", "source", "n_merges", "schedule", "ttft_p95_ms", "sync_ratio", "pressure_ratio",
+                 "requests_during_merges", "tokens_per_s", "goodput_rps")
+
+
+def set_dir(root: Path, backend: str, regime: str | None = None) -> Path:
+    base = Path(root) / REPLAY_SETS_DIR / backend
+    return base / regime if regime else base
+
+
+def replay_path(root: Path, backend: str, schedule_rel: str) -> Path:
+    """runs/replay-sets/<backend>/<regime>/seed-S/<schedule stem>/ for a schedule-set path."""
+    rel = Path(schedule_rel).relative_to(SCHEDULE_SETS_DIR).with_suffix("")
+    return set_dir(root, backend) / rel
+
+
+def seed_schedules(root: Path, index: pd.DataFrame) -> Iterable[tuple[int, list[pd.Series]]]:
+    """Per seed, its schedule rows with no_sync first."""
+    for seed, group in index.groupby("seed", sort=True):
+        rows = [r for _, r in group.iterrows()]
+        rows.sort(key=lambda r: r["source"] != "no_sync")
+        if rows[0]["source"] != "no_sync":
+            raise ValueError(f"seed {seed}: the schedule index has no no_sync schedule to derive the SLO from")
+        yield int(seed), rows
+
+
+def resolve_slo(params: Params, no_sync_results: pd.DataFrame) -> SloSpec:
+    slo = params.replay.slo
+    if slo.ttft_ms is not None or slo.e2e_ms is not None:
+        return SloSpec(ttft_ms=slo.ttft_ms, e2e_ms=slo.e2e_ms)
+    return derive_slo(no_sync_results, slo.multiplier)
+
+
+def index_row(row: pd.Series, backend: str, schedule: Schedule, summary: dict, path: Path, root: Path) -> dict:
+    return {
+        "regime": row["regime"], "policy": row["policy"], "seed": int(row["seed"]),
+        "draw": row["draw"], "backend": backend,
+        "slo_violation_rate": summary["slo_violation_rate"], "p95_ms": summary["e2e_p95_ms"],
+        "p99_ms": summary["e2e_p99_ms"], "n_requests": summary["n_requests"], "n_failed": summary["n_failed"],
+        "path": path.relative_to(root).as_posix(),
+        "matched_to": row["matched_to"], "source": row["source"], "n_merges": schedule.n_merges,
+        "schedule": row["path"], "ttft_p95_ms": summary["ttft_p95_ms"], "sync_ratio": summary["sync_ratio"],
+        "pressure_ratio": summary["pressure_ratio"], "requests_during_merges": summary["requests_during_merges"],
+        "tokens_per_s": summary["tokens_per_s"], "goodput_rps": summary["goodput_rps"],
+    }  # fmt: skip
+
+
+def write_replay(out: Path, results: pd.DataFrame, slo: SloSpec, params: Params, extra: dict) -> dict:
+    """requests.parquet, then summary.json last (its presence marks a complete replay)."""
+    io.write_parquet(out / "requests.parquet", results)
+    summary = summarize(results, slo, params.replay.high_pressure).model_dump()
+    summary.update({"slo": slo.model_dump(), **extra})
+    io.write_json(out / "summary.json", summary)
+    return summary
+
+
+def write_set_index(path: Path, rows: list[dict]) -> pd.DataFrame:
+    df = pd.DataFrame(rows, columns=[*INDEX_COLUMNS, *EXTRA_COLUMNS]).astype({"draw": "Int64"})
+    io.write_csv(path, df)
+    return df
+
+
+# --------------------------------------------------------------------------- simulator
+
+
+def replay_simulator(params: Params, regime: str, root: Path = Path(".")) -> pd.DataFrame:
+    """Every schedule of `regime` through the simulator; returns the set's index."""
+    index = read_index(Path(root) / SCHEDULE_SETS_DIR / regime / "index.csv")
+    calibration = load_calibration(params.replay.simulator.calibration)
+    rows: list[dict] = []
+    with tqdm(total=len(index), desc=f"replay simulator {regime}", unit="replay", leave=False) as bar:
+        for seed, schedules in seed_schedules(root, index):
+            requests = pd.read_parquet(trace_dir(root, regime, seed) / "requests.parquet")
+            timeline = load_timeline(root, regime, seed)
+            slo = None
+            for row in schedules:
+                schedule = read_schedule(Path(root) / row["path"])
+                results = simulate_replay(requests, timeline, schedule, calibration, seed)
+                slo = slo or resolve_slo(params, results)
+                out = replay_path(root, "simulator", row["path"])
+                summary = write_replay(out, results, slo, params, {"backend": "simulator",
+                                                                      "calibration": calibration.model_dump()})
+                rows.append(index_row(row, "simulator", schedule, summary, out, Path(root)))
+                bar.update()
+    return write_set_index(set_dir(root, "simulator", regime) / "index.csv", rows)
+
+
+# --------------------------------------------------------------------------- index
+
+
+def build_replay_index(root: Path = Path(".")) -> pd.DataFrame:
+    """Join every backend's set indexes into runs/replay/index.csv."""
+    frames = [pd.read_csv(p, dtype={"draw": "Int64"}) for p in sorted((Path(root) / REPLAY_SETS_DIR).glob("*/*/index.csv"))]
+    frames += [pd.read_csv(p, dtype={"draw": "Int64"}) for p in sorted((Path(root) / REPLAY_SETS_DIR).glob("*/index.csv"))]
+    if not frames:
+        raise FileNotFoundError(f"{Path(root) / REPLAY_SETS_DIR}: no replay sets; run the replay stage first")
+    index = pd.concat(frames, ignore_index=True)
+    io.write_csv(Path(root) / REPLAY_INDEX, index)
+    return index
+
+
+def read_replay_index(root: Path = Path(".")) -> pd.DataFrame:
+    path = Path(root) / REPLAY_INDEX
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no replay index; run the replay stages first")
+    return pd.read_csv(path, dtype={"draw": "Int64"})
+
+
+def load_summary(root: Path, rel: str) -> dict:
+    return json.loads((Path(root) / rel / "summary.json").read_text())
+
+
+def request_results(raw: pd.DataFrame, timeline: pd.DataFrame, worked: list[tuple[float, float, int]],
+                    start_epoch: float, time_scale: float) -> pd.DataFrame:
+    """Load-generator rows → the per-request contract table (+ send lag and cap wait)."""
+    send = raw["send_epoch"].to_numpy(dtype=float)
+    end = send + raw["e2e_ms"].fillna(0.0).to_numpy(dtype=float) / 1000.0
+    active = np.zeros(len(raw), dtype=bool)
+    for began, finished, _ in worked:
+        active |= (send < finished) & (end >= began)
+    table = pd.DataFrame({
+        "request_id": raw["request_id"], "arrival_s": raw["arrival_s"],
+        "send_s": (send - start_epoch) * time_scale, "prompt_tokens": raw["prompt_tokens"],
+        "output_tokens": raw["output_tokens"], "ttft_ms": raw["ttft_ms"], "e2e_ms": raw["e2e_ms"],
+        "output_tokens_received": raw["output_tokens_received"], "merge_active": active,
+        "inference_pressure": PressureLookup(timeline).at(raw["arrival_s"].to_numpy(dtype=float)),
+        "error": raw["error"],
+    }, columns=list(REQUEST_RESULT_COLUMNS))  # fmt: skip
+    table["send_lag_ms"] = (send - raw["scheduled_epoch"].to_numpy(dtype=float)) * 1000.0
+    table["cap_wait_ms"] = raw["cap_wait_ms"]
+    return table
+
+
+def wall_windows(schedule: Schedule, start_epoch: float, time_scale: float, max_trace_s: float) -> list[tuple[float, float]]:
+    """The schedule's merge windows inside the replayed span, as wall-clock intervals."""
+    return [
+        (start_epoch + s / time_scale, start_epoch + min(s + schedule.window_s, max_trace_s) / time_scale)
+        for s in schedule.merge_starts_s
+        if s < max_trace_s
+    ]

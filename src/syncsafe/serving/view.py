@@ -1,0 +1,28 @@
+"""The `syncsafe replay` view: SLO violation rate and p95 per backend, regime and policy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from syncsafe.serving.replay import read_replay_index
+
+
+def print_replay_summary(root: Path = Path("."), console: Console | None = None) -> None:
+    index = read_replay_index(root)
+    index["label"] = index["policy"].where(index["matched_to"].isna(), index["policy"] + "[" + index["matched_to"].fillna("") + "]")
+    console = console or Console()
+    for (backend, regime), part in index.groupby(["backend", "regime"], sort=False):
+        table = Table(title=f"{backend} · regime {regime}", title_justify="left")
+        for col, justify in (("policy", "left"), ("replays", "right"), ("SLO violations", "right"),
+                             ("p95 ms", "right"), ("sync ratio", "right")):
+            table.add_column(col, justify=justify)
+        agg = part.groupby("label", sort=True).agg(n=("seed", "size"), slo=("slo_violation_rate", "mean"),
+                                                   p95=("p95_ms", "mean"), sync=("sync_ratio", "mean"))
+        for label, rec in agg.iterrows():
+            sync = "" if rec.sync != rec.sync else f"{rec.sync:.2f}"
+            table.add_row(escape(label), str(rec.n), f"{rec.slo:.1%}", f"{rec.p95:.0f}", sync)
+        console.print(table)

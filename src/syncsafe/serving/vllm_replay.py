@@ -1,0 +1,200 @@
+"""Replay against a real vLLM server (the `vllm` backend of the replay stage).
+
+One server serves every replayed schedule of a stage run. Per schedule the
+merge workload is handed the merge windows as wall-clock intervals, the
+load generator sends the seed's requests open loop, and a scraper samples
+the server's Prometheus gauges; then the server is checked to be alive
+before anything is written. Trace time runs `replay.vllm.time_scale` times
+faster than wall time (arrivals and merge windows alike), and only the first
+`max_trace_s` trace seconds are replayed, so the cpu profile finishes in
+minutes; latencies are real milliseconds.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pandas as pd
+from tqdm import tqdm
+
+from syncsafe import io
+from syncsafe.config import Params
+from syncsafe.schedules.schedule import read_schedule
+from syncsafe.schedules.stage import SCHEDULE_INDEX, read_index
+from syncsafe.serving.interference import MergeInterference
+from syncsafe.serving.loadgen import replay_requests
+from syncsafe.serving.replay import (
+    index_row,
+    replay_path,
+    seed_schedules,
+    write_replay,
+    write_set_index,
+    request_results,
+    resolve_slo,
+    set_dir,
+    wall_windows,
+)
+from syncsafe.serving.vllm_server import ServerError, VllmServer
+from syncsafe.traces.stage import load_timeline, trace_dir
+
+#: Gauges scraped from /metrics (summed over label sets).
+GAUGES = {
+    "vllm:num_requests_running": "running",
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:kv_cache_usage_perc": "kv_cache_usage",
+}
+LEAD_S = 2.0
+
+
+def parse_gauges(text: str) -> dict[str, float]:
+    """The GAUGES from a Prometheus text exposition (missing ones are absent)."""
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in GAUGES:
+            values[GAUGES[name]] = values.get(GAUGES[name], 0.0) + float(line.rsplit(" ", 1)[1])
+    return values
+
+
+class MetricsScraper:
+    """Samples the server's gauges every `interval_s` on a background thread."""
+
+    def __init__(self, base_url: str, interval_s: float, start_epoch: float, time_scale: float) -> None:
+        self.url = f"{base_url}/metrics"
+        self.interval_s = interval_s
+        self.start_epoch = start_epoch
+        self.time_scale = time_scale
+        self.rows: list[dict] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            now = time.time()
+            try:
+                with urllib.request.urlopen(self.url, timeout=2) as resp:
+                    gauges = parse_gauges(resp.read().decode())
+                self.rows.append({"t_s": (now - self.start_epoch) * self.time_scale, **gauges})
+            except OSError:
+                pass  # a missed sample; the server's health is checked separately
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> MetricsScraper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self.rows, columns=["t_s", *GAUGES.values()])
+
+
+def vllm_policies(params: Params) -> list[str]:
+    """Controllers whose schedules the vLLM replay covers."""
+    return params.replay.vllm.policies or params.control.policies[:2]
+
+
+def served_model(params: Params, root: Path) -> Path | str:
+    """What the server serves: the configured model, else the trained export, else a locally built tiny model."""
+    cfg = params.replay.vllm
+    if cfg.model:
+        return cfg.model
+    if params.profile == "gpu":
+        return params.train.hub.model
+    seed = (cfg.seeds or params.seeds)[0]
+    trained = Path(root) / "runs" / "train" / cfg.regimes[0] / vllm_policies(params)[0] / f"seed-{seed}" / "model"
+    if (trained / "config.json").is_file():
+        return trained
+    return build_untrained_model(params, root)
+
+
+def build_untrained_model(params: Params, root: Path) -> Path:
+    """A tiny randomly initialised Llama (the train stage's architecture) for serving without training."""
+    from syncsafe.diloco.export import export_hf_model
+    from syncsafe.diloco.model import build_tiny_llama
+    from syncsafe.diloco.resources import model_spec, prepare_tokenizer
+
+    target = Path(root) / "models" / "serve-untrained"
+    if not (target / "config.json").is_file():
+        _, tokenizer = prepare_tokenizer(params, root)
+        export_hf_model(build_tiny_llama(model_spec(params, 0), tokenizer), tokenizer, target)
+    return target
+
+
+def _model_facts(model: Path | str) -> tuple[int, int]:
+    """(vocab size, parameter count) of a local HF export, for prompts and the merge payload."""
+    config = json.loads((Path(model) / "config.json").read_text())
+    weights = Path(model) / "model.safetensors"
+    numel = weights.stat().st_size // 4 if weights.is_file() else 1_000_000
+    return int(config["vocab_size"]), int(numel)
+
+
+def replay_vllm(params: Params, root: Path = Path(".")) -> pd.DataFrame:
+    """Replay the configured subset of schedules against one real vLLM server."""
+    cfg = params.replay.vllm
+    if not cfg.enabled:
+        raise ValueError("replay.vllm.enabled is false: nothing to replay on vLLM")
+    index = read_index(Path(root) / SCHEDULE_INDEX)
+    seeds = cfg.seeds or params.seeds[:1]
+    policies = vllm_policies(params)
+    chosen = index[
+        index["regime"].isin(cfg.regimes)
+        & index["seed"].isin(seeds)
+        & (
+            (index["source"] == "no_sync")
+            | (index["policy"].isin(policies) & index["source"].isin(["train", "harness"]))
+            | ((index["source"] == "matched_random") & index["matched_to"].isin(policies) & (index["draw"] < cfg.draws))
+        )
+    ]
+    model = served_model(params, root)
+    vocab, numel = _model_facts(model)
+    out_root = set_dir(root, "vllm")
+    server = VllmServer(Path(cfg.python).resolve() if not Path(cfg.python).is_absolute() else cfg.python, model,
+                        "syncsafe", cfg.port, out_root / "server.log", cfg.server_args, cfg.startup_timeout_s,
+                        cache_dir=Path(root).resolve() / "models" / "vllm-cache")
+    rows: list[dict] = []
+    with server, MergeInterference(cfg.interference, cfg.interference_workers, numel, out_root / ".scratch") as work, \
+            tqdm(total=len(chosen), desc="replay vllm", unit="replay", leave=False) as bar:
+        for regime, by_regime in chosen.groupby("regime", sort=False):
+            for seed, schedules in seed_schedules(root, by_regime):
+                requests = pd.read_parquet(trace_dir(root, regime, seed) / "requests.parquet")
+                requests = requests[requests["arrival_s"] < cfg.max_trace_s].reset_index(drop=True)
+                timeline = load_timeline(root, regime, seed)
+                slo = None
+                for row in schedules:
+                    schedule = read_schedule(Path(root) / row["path"])
+                    start = time.time() + LEAD_S
+                    windows = wall_windows(schedule, start, cfg.time_scale, cfg.max_trace_s)
+                    work.submit(windows)
+                    with MetricsScraper(server.base_url, cfg.scrape_interval_s, start, cfg.time_scale) as scraper:
+                        raw = replay_requests(server.base_url, "syncsafe", requests, start, cfg.time_scale, vocab,
+                                              seed, cfg.max_in_flight, cfg.request_timeout_s)
+                    worked = work.collect(timeout_s=cfg.request_timeout_s + cfg.max_trace_s / cfg.time_scale)
+                    server.check_alive()  # a server that died mid-replay leaves no summary
+                    results = request_results(raw, timeline, worked, start, cfg.time_scale)
+                    slo = slo or resolve_slo(params, results)
+                    out = replay_path(root, "vllm", row["path"])
+                    io.write_parquet(out / "signals.parquet", scraper.frame())
+                    io.write_csv(out / "windows.csv", pd.DataFrame(
+                        [((b - start) * cfg.time_scale, (e - start) * cfg.time_scale, n) for b, e, n in worked],
+                        columns=["start_s", "end_s", "iterations"]))
+                    summary = write_replay(out, results, slo, params, {
+                        "backend": "vllm", "model": str(model), "time_scale": cfg.time_scale,
+                        "max_trace_s": cfg.max_trace_s, "interference": cfg.interference,
+                        "send_lag_p99_ms": float(results["send_lag_ms"].quantile(0.99)),
+                        "cap_wait_max_ms": float(results["cap_wait_ms"].max()),
+                    })  # fmt: skip
+                    rows.append(index_row(row, "vllm", schedule, summary, out, Path(root)))
+                    bar.update()
+    return write_set_index(out_root / "index.csv", rows)
+
+
+__all__ = ["MetricsScraper", "ServerError", "parse_gauges", "replay_vllm", "served_model"]

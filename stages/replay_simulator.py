@@ -1,0 +1,7 @@
+"""DVC stage `replay-simulator@<regime>`: python stages/replay_simulator.py --regime REGIME."""
+
+import sys
+
+from syncsafe.cli import app
+
+app(["replay", "run", "--backend", "simulator", *sys.argv[1:]], prog_name="stages/replay_simulator.py")
