@@ -20,6 +20,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -81,9 +82,9 @@ class VllmServer:
                "DO_NOT_TRACK": "1"}
         if self.cache_dir is not None:
             env["VLLM_CACHE_ROOT"] = str(self.cache_dir)
-        # vLLM leaves socket files in TMPDIR: give each server its own, removed on stop.
-        self._tmp = self.log_path.parent / f".vllm-tmp-{self.port}"
-        self._tmp.mkdir(parents=True, exist_ok=True)
+        # vLLM leaves IPC socket files in TMPDIR: give each server its own, removed on stop.
+        # Short path: a Unix socket path may not exceed 107 bytes.
+        self._tmp = Path(tempfile.mkdtemp(prefix="syncsafe-vllm-"))
         env["TMPDIR"] = str(self._tmp)
         for var in ("VLLM_CPU_KVCACHE_SPACE",):  # overrides --kv-cache-memory-bytes
             env.pop(var, None)

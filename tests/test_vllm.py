@@ -1,0 +1,129 @@
+"""Replay against a real vLLM CPU server (slow: the server starts in about a minute).
+
+Needs the vLLM environment (`make vllm-env`, which `make test` runs).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pandas as pd
+import psutil
+import pytest
+import yaml
+
+from syncsafe.config import load_params
+from syncsafe.schedules.stage import build_index, build_schedules
+from syncsafe.serving.vllm_replay import replay_vllm
+from syncsafe.serving.vllm_server import ServerError
+from syncsafe.traces.stage import build_traces
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[1]
+VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+
+
+def make_project(root: Path, port: int) -> Path:
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["seeds"] = [0]
+    raw["regimes"] = {"bursty": {**raw["regimes"]["bursty"], "duration_s": 120}}
+    raw["control"]["policies"] = ["fixed_h", "wa_seasonal"]
+    raw["schedules"].update({"random_draws": 1, "source": "harness"})
+    raw["train"]["corpus_bytes"] = 300_000
+    raw["replay"]["vllm"].update({"python": str(VLLM_PYTHON), "policies": ["fixed_h"], "draws": 1, "time_scale": 4.0,
+                                  "max_trace_s": 60, "port": port, "startup_timeout_s": 600})
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / "params.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    params = load_params(path)
+    build_traces(params, "bursty", root)
+    build_schedules(params, "bursty", root)
+    build_index(params, root)
+    return path
+
+
+@pytest.fixture(scope="module")
+def vllm_project(tmp_path_factory) -> Path:
+    if not VLLM_PYTHON.exists():
+        pytest.fail(f"{VLLM_PYTHON} missing: run `make vllm-env` (make test does)")
+    root = tmp_path_factory.mktemp("vllm")
+    replay_vllm(load_params(make_project(root, 8231)), root)
+    return root
+
+
+def _replays(root: Path) -> pd.DataFrame:
+    return pd.read_csv(root / "runs" / "replay-sets" / "vllm" / "index.csv")
+
+
+def test_real_server_answers_an_open_loop_replay(vllm_project):
+    index = _replays(vllm_project)
+    assert sorted(index["policy"]) == ["fixed_h", "matched_random", "no_sync"]
+    for rec in index.itertuples():
+        requests = pd.read_parquet(vllm_project / rec.path / "requests.parquet")
+        assert len(requests) > 20 and (requests["error"] == "").all()
+        assert (requests["ttft_ms"] > 0).all() and (requests["ttft_ms"] <= requests["e2e_ms"]).all()
+        assert (requests["output_tokens_received"] == requests["output_tokens"]).all()
+        signals = pd.read_parquet(vllm_project / rec.path / "signals.parquet")
+        assert {"running", "waiting", "kv_cache_usage"} <= set(signals.columns) and len(signals) > 5
+
+
+def test_arrival_accuracy(vllm_project):
+    no_sync = _replays(vllm_project).query("policy == 'no_sync'").iloc[0]
+    requests = pd.read_parquet(vllm_project / no_sync["path"] / "requests.parquet")
+    lag = requests["send_lag_ms"]
+    assert (lag >= 0).all(), "never sent before its arrival time"
+    assert lag.median() < 50 and lag.quantile(0.99) < 1000
+    assert (requests["cap_wait_ms"] < 1).all(), "the in-flight cap did not bind"
+
+
+def test_merge_work_and_merge_flags_only_inside_windows(vllm_project):
+    index = _replays(vllm_project)
+    for rec in index.itertuples():
+        schedule = json.loads((vllm_project / rec.schedule).read_text())
+        windows = pd.read_csv(vllm_project / rec.path / "windows.csv")
+        requests = pd.read_parquet(vllm_project / rec.path / "requests.parquet")
+        starts = [s for s in schedule["merge_starts_s"] if s < 60]
+        assert len(windows) == len(starts)
+        for (start, end), w in zip([(s, min(s + schedule["window_s"], 60)) for s in starts], windows.itertuples()):
+            assert start - 0.1 <= w.start_s and w.end_s <= end + 4.0 * 0.5  # trace seconds; time_scale 4
+        if not starts:
+            assert not requests["merge_active"].any()
+        else:
+            assert requests["merge_active"].any()
+
+
+def _server_processes(port: int) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if "vllm.entrypoints.openai.api_server" in cmd and str(port) in cmd:
+            found.append(proc)
+    return found
+
+
+def test_a_server_that_dies_mid_run_fails_loudly_and_writes_no_summary(tmp_path):
+    params = load_params(make_project(tmp_path, 8232))
+    out = tmp_path / "runs" / "replay-sets" / "vllm" / "bursty" / "seed-0"
+
+    def kill_after_first_summary() -> None:
+        deadline = time.monotonic() + 900
+        while time.monotonic() < deadline:
+            if (out / "no_sync" / "summary.json").exists():
+                for proc in _server_processes(8232):
+                    proc.kill()
+                return
+            time.sleep(0.5)
+
+    killer = threading.Thread(target=kill_after_first_summary, daemon=True)
+    killer.start()
+    with pytest.raises(ServerError, match=r"vLLM server exited") as err:
+        replay_vllm(params, tmp_path)
+    killer.join()
+    assert "log" in str(err.value)
+    assert (out / "no_sync" / "summary.json").exists()
+    assert not (out / "fixed_h" / "summary.json").exists()
+    assert not (tmp_path / "runs" / "replay-sets" / "vllm" / "index.csv").exists()
+    assert not _server_processes(8232), "no server process outlives the stage"
