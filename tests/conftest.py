@@ -24,6 +24,13 @@ def small_raw_params() -> dict:
     return raw
 
 
+@pytest.fixture(autouse=True)
+def _no_tracking(monkeypatch, request):
+    """Stages track to MLflow by default; tests other than the tracking tests keep it off."""
+    if request.node.fspath.basename != "test_tracking.py":
+        monkeypatch.setenv("SYNCSAFE_TRACKING", "off")
+
+
 @pytest.fixture
 def repo_root() -> Path:
     return REPO

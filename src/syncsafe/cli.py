@@ -59,9 +59,12 @@ def traces(regime: RegimeOpt = None, params: ParamsOpt = Path("params.yaml"), ro
     """Stage traces: load timeline and request list per regime and seed."""
     from syncsafe.traces.stage import build_traces
 
+    from syncsafe.tracking.stages import track_traces
+
     p = load_params(params)
     for name in _regimes(p, regime):
         written = build_traces(p, name, root)
+        track_traces(p, name, root)
         typer.echo(f"traces {name}: {len(written)} files for seeds {p.seeds}")
 
 
@@ -77,17 +80,23 @@ def train(
 ) -> None:
     """Stage train: DiLoCo islands as processes, merges gated by each policy, per regime x policy x seed."""
     from syncsafe.diloco.launch import IslandLost, train_regime
+    from syncsafe.tracking import section_params, stage_run
+    from syncsafe.tracking.stages import train_runs
 
     p = load_params(params)
     for name in policy or []:
         if name not in p.control.policies:
             raise ConfigError(f"--policy {name!r}: not in control.policies ({p.control.policies})")
     for name in _regimes(p, regime):
-        try:
-            dirs = train_regime(p, params, name, root, resume=resume, policies=policy, seeds=seed)
-        except IslandLost as err:
-            typer.echo(f"error: {err}", err=True)
-            raise typer.Exit(3) from None
+        section = section_params(p, ["profile", "seeds", "merge", "control", "train", f"regimes.{name}"])
+        with stage_run(f"train@{name}", root=root, params_section=section, profile=p.profile, regime=name,
+                       system_metrics=True) as tracker:
+            try:
+                dirs = train_regime(p, params, name, root, resume=resume, policies=policy, seeds=seed)
+            except IslandLost as err:
+                typer.echo(f"error: {err}", err=True)
+                raise typer.Exit(3) from None
+            tracker.extend(train_runs(p, name, dirs))
         typer.echo(f"train {name}: {len(dirs)} runs in {Path(root) / 'runs' / 'train' / name}")
 
 
@@ -124,10 +133,12 @@ def schedules_view(ctx: typer.Context, root: RootOpt = Path(".")) -> None:
 def schedules_build(regime: RegimeOpt = None, params: ParamsOpt = Path("params.yaml"), root: RootOpt = Path(".")) -> None:
     """Stage schedules: controller schedules plus matched-random, offline-bound and no-sync baselines."""
     from syncsafe.schedules.stage import build_schedules
+    from syncsafe.tracking.stages import track_schedules
 
     p = load_params(params)
     for name in _regimes(p, regime):
         index = build_schedules(p, name, root)
+        track_schedules(p, name, index, root)
         typer.echo(f"schedules {name}: {len(index)} schedules")
 
 
@@ -161,18 +172,30 @@ def replay_run(
     root: RootOpt = Path("."),
 ) -> None:
     """Stage replay: schedules against the serving backend under each seed's load."""
+    from syncsafe.tracking import section_params, stage_run
+    from syncsafe.tracking.stages import replay_runs
+
     p = load_params(params)
+    section = section_params(p, ["seeds", "replay"])
     if backend == "simulator":
         from syncsafe.serving.replay import replay_simulator
 
         for name in _regimes(p, regime):
-            typer.echo(f"replay simulator {name}: {len(replay_simulator(p, name, root))} replays")
+            with stage_run(f"replay-simulator@{name}", root=root, params_section=section, profile=p.profile,
+                           regime=name) as tracker:
+                index = replay_simulator(p, name, root)
+                tracker.extend(replay_runs("simulator", index, root))
+            typer.echo(f"replay simulator {name}: {len(index)} replays")
     elif backend == "vllm":
         from syncsafe.serving.vllm_replay import replay_vllm
 
         if regime:
             raise ConfigError("--regime does not apply to --backend vllm (replay.vllm.regimes chooses)")
-        typer.echo(f"replay vllm: {len(replay_vllm(p, root))} replays")
+        with stage_run("replay-vllm", root=root, params_section=section, profile=p.profile,
+                       system_metrics=True) as tracker:
+            index = replay_vllm(p, root)
+            tracker.extend(replay_runs("vllm", index, root))
+        typer.echo(f"replay vllm: {len(index)} replays")
     else:
         raise ConfigError(f"--backend {backend!r}: expected simulator or vllm")
 
@@ -213,6 +236,37 @@ def analyze(
     for rec in result.policy_table.itertuples(index=False):
         typer.echo(f"{rec.regime:16s} {rec.policy:18s} {rec.tier}")
     typer.echo(f"wrote {', '.join(sorted(p.name for p in result.files.values()))} to {out}")
+
+
+@app.command()
+@_fails_cleanly
+def compare(
+    regime: Annotated[str | None, typer.Option("--regime", help="one regime; default: all")] = None,
+    metric: Annotated[
+        str, typer.Option("--metric", help="tracked metric: slo_violation_rate, n_merges, busy_overlap, ...")
+    ] = "slo_violation_rate",
+    fmt: Annotated[str, typer.Option("--format", help="md | csv")] = "md",
+    stage: Annotated[str | None, typer.Option("--stage", help="stage to read when several log the metric")] = None,
+    pipeline_run: Annotated[
+        str | None, typer.Option("--pipeline-run", help="one pipeline run id; default: latest run per seed and draw")
+    ] = None,
+    root: RootOpt = Path("."),
+) -> None:
+    """Policy x seed table of a tracked metric (mean ± sd, matched-random envelope) from MLflow.
+
+    Reads MLFLOW_TRACKING_URI, else <root>/mlflow.db. Web view of the same runs:
+    `mlflow ui --backend-store-uri sqlite:///mlflow.db` in the project root.
+    """
+    from syncsafe.tracking import TrackingError, compare_table, render_table
+
+    if fmt not in ("md", "csv"):
+        raise ValueError(f"--format {fmt!r}: expected md or csv")
+    try:
+        table = compare_table(regime, metric, stage=stage, pipeline_run=pipeline_run, root=root)
+    except TrackingError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(render_table(table, fmt), nl=False)
 
 
 @app.command()
