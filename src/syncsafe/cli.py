@@ -212,14 +212,25 @@ def replay_index(root: RootOpt = Path(".")) -> None:
 @app.command()
 @_fails_cleanly
 def analyze(
-    runs: Annotated[Path, typer.Option("--runs", help="per-run table (CSV or Parquet): regime, policy, seed, draw, slo_violation_rate")],
-    out: Annotated[Path, typer.Option("--out", help="directory for policy_table.csv, envelope.csv, metrics.json, report.md")],
+    runs: Annotated[
+        Path | None,
+        typer.Option("--runs", help="per-run table (CSV or Parquet) from anywhere; default: this pipeline's replays"),
+    ] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="output directory; default: reports/ (pipeline mode)")] = None,
     mechanism: Annotated[
         Path | None, typer.Option("--mechanism", help="JSON of real-backend (vLLM) sync and pressure ratios per regime")
     ] = None,
     alpha: Annotated[float, typer.Option("--alpha", min=0.0, max=1.0, help="significance level of the one-sided tests")] = 0.05,
+    params: ParamsOpt = Path("params.yaml"),
+    root: RootOpt = Path("."),
 ) -> None:
-    """Evidence protocol on a per-run results table: sync-excess, envelope, paired tests, claim tiers."""
+    """Stage analyze: the evidence protocol (sync-excess, envelope, paired tests, claim tiers) and the report.
+
+    With --runs: any per-run table (columns regime, policy, seed, draw,
+    slo_violation_rate; optional matched_to and latency columns) into --out.
+    Without: the pipeline's simulator replays, the calibrate stage's mechanism
+    evidence and the training curves into reports/.
+    """
     from pydantic import ValidationError
 
     from syncsafe.analysis import MechanismEvidence, analyze_runs
@@ -232,7 +243,20 @@ def analyze(
             raise FileNotFoundError(f"{mechanism}: mechanism file not found") from None
         except ValidationError as err:
             raise ValueError(f"{mechanism}: not a mechanism-evidence file: {err}") from None
-    result = analyze_runs(runs, out, mechanism=evidence, alpha=alpha)
+    if runs is not None:
+        if out is None:
+            raise ConfigError("--out is required with --runs")
+        result = analyze_runs(runs, out, mechanism=evidence, alpha=alpha)
+    else:
+        from syncsafe.analysis.pipeline import analyze_pipeline
+        from syncsafe.tracking.stages import track_analysis
+
+        if mechanism is not None or out is not None:
+            raise ConfigError("--mechanism and --out go with --runs; the pipeline reads runs/calibration and writes reports/")
+        p = load_params(params)
+        result = analyze_pipeline(p, root, alpha=alpha)
+        track_analysis(p, result.policy_table, list(result.files.values()), root)
+        out = Path(root) / "reports"
     for rec in result.policy_table.itertuples(index=False):
         typer.echo(f"{rec.regime:16s} {rec.policy:18s} {rec.tier}")
     typer.echo(f"wrote {', '.join(sorted(p.name for p in result.files.values()))} to {out}")

@@ -90,8 +90,15 @@ def analyze_runs(
     alpha: float = DEFAULT_ALPHA,
     *,
     confidence: float = 0.95,
+    extra_sections: list[str] | None = None,
+    extra_files: Mapping[str, Writer] | None = None,
 ) -> AnalysisResult:
-    """Run the evidence protocol on a runs table and write the report files."""
+    """Run the evidence protocol on a runs table and write the report files.
+
+    `extra_sections` (Markdown) are appended to the report and `extra_files`
+    (name -> writer of a temporary path) are written with the rest, all or
+    nothing.
+    """
     table = load_runs_table(runs if isinstance(runs, pd.DataFrame) else Path(runs))
     protocol = run_protocol(table, confidence=confidence)
     policy_table = _ordered(assign_tiers(protocol.policies, mechanism, alpha=alpha))
@@ -101,6 +108,8 @@ def analyze_runs(
     report = render_report(
         policy_table, protocol.seeds, source=table.source, alpha=alpha, mechanism=mechanism, figure=ENVELOPE_FIGURE
     )
+    if extra_sections:
+        report = report.rstrip("\n") + "\n\n" + "\n\n".join(extra_sections) + "\n"
     figure = envelope_figure(protocol.seeds)
     writers: dict[str, Writer] = {
         POLICY_TABLE: lambda tmp: policy_table.to_csv(tmp, index=False),
@@ -108,6 +117,7 @@ def analyze_runs(
         METRICS: lambda tmp: tmp.write_text(_json(metrics), encoding="utf-8"),
         REPORT: lambda tmp: tmp.write_text(report, encoding="utf-8"),
         ENVELOPE_FIGURE: lambda tmp: write_png(figure, tmp),
+        **(extra_files or {}),
     }
     files = write_all_or_nothing(Path(out_dir), writers)
     return AnalysisResult(policy_table, envelope, protocol.seeds, metrics, report, files)

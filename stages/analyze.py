@@ -1,0 +1,7 @@
+"""DVC stage `analyze`: the evidence protocol on the pipeline's replays, into reports/."""
+
+import sys
+
+from syncsafe.cli import app
+
+app(["analyze", *sys.argv[1:]], prog_name="stages/analyze.py")
