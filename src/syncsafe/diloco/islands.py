@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -180,10 +181,15 @@ class DistributedLearners:
         self.island = island
         self.token_weighted = token_weighted
         self.on_merged = on_merged
+        #: Wall seconds spent in control cycles (training plus the command and report collectives).
+        self.cycle_wall_s = 0.0
 
     def train_cycle(self, steps: int) -> list[LearnerReport]:
+        started = time.perf_counter()
         _broadcast_command(CMD_TRAIN, steps)
-        return _gather_reports(self.island.train_steps(steps))
+        reports = _gather_reports(self.island.train_steps(steps))
+        self.cycle_wall_s += time.perf_counter() - started
+        return reports
 
     def merge(self) -> None:
         _broadcast_command(CMD_MERGE)

@@ -154,6 +154,7 @@ def train_run(params: Params, regime: str, policy_name: str, seed: int, root: Pa
         learners = DistributedLearners(island, cfg.token_weighted, save_island)
         result = run_controller(policy, learners, signals, plan, state=state, on_merge=after_merge)
         learners.stop()
+        loop_s = learners.cycle_wall_s
     else:
         follow(island, cfg.token_weighted, save_island)
 
@@ -164,7 +165,7 @@ def train_run(params: Params, regime: str, policy_name: str, seed: int, root: Pa
     if world.rank == 0:
         wall = time.perf_counter() - started
         _write_outputs(params, regime, policy_name, seed, run_dir, world, res, island, result, merge_log, losses,
-                       sum(tokens), wall, resumed=start is not None)
+                       sum(tokens), wall, loop_s, resumed=start is not None)
     dist.barrier()
 
 
@@ -176,7 +177,8 @@ def _prune_checkpoints(run_dir: Path, keep: int) -> None:
 
 def _write_outputs(params: Params, regime: str, policy: str, seed: int, run_dir: Path, world: World, res: Resources,
                    island: Island, result: ControlResult, merge_log: list[dict[str, Any]],
-                   losses: list[tuple[int, list[tuple[int, float]]]], tokens: int, wall_s: float, resumed: bool) -> None:
+                   losses: list[tuple[int, list[tuple[int, float]]]], tokens: int, wall_s: float, loop_s: float,
+                   resumed: bool) -> None:
     plan = control_plan(params, regime)
     schedule = Schedule(regime=regime, policy=policy, seed=seed, source="train", duration_s=plan.duration_s,
                         window_s=plan.window_s, min_gap_s=plan.min_gap_s, merge_starts_s=result.merge_starts_s)
@@ -204,6 +206,9 @@ def _write_outputs(params: Params, regime: str, policy: str, seed: int, run_dir:
         "merge_wall_s_mean": float(merges["wall_time_s"].mean()) if len(merges) else 0.0,
         "train_wall_s": wall_s,
         "tokens_per_s": tokens / wall_s if wall_s > 0 else 0.0,
+        # the island loop between merges: training plus per-cycle command/report collectives
+        "island_loop_s": loop_s,
+        "island_tokens_per_s": island.tokens_seen / loop_s if loop_s > 0 and not resumed else None,
         "resumed": resumed,
     }
     io.write_json(run_dir / "metrics.json", metrics)
