@@ -24,6 +24,21 @@ def small_raw_params() -> dict:
     return raw
 
 
+@pytest.fixture
+def cli():
+    """Run a `syncsafe` command in-process; fail the test with its output unless it exits 0."""
+    from typer.testing import CliRunner
+
+    from syncsafe.cli import app
+
+    def invoke(*args: str) -> str:
+        result = CliRunner().invoke(app, [str(a) for a in args])
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    return invoke
+
+
 @pytest.fixture(autouse=True)
 def _no_tracking(monkeypatch, request):
     """Stages track to MLflow by default; tests other than the tracking tests keep it off."""

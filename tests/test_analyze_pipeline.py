@@ -6,32 +6,24 @@ import json
 
 import pandas as pd
 import yaml
-from typer.testing import CliRunner
-
-from syncsafe.cli import app
 
 
-def _invoke(*args: str) -> str:
-    result = CliRunner().invoke(app, list(args))
-    assert result.exit_code == 0, result.output
-    return result.output
 
-
-def _pipeline(root, params_file):
+def _pipeline(root, params_file, cli):
     common = ["--params", str(params_file), "--root", str(root)]
-    _invoke("traces", "--regime", "bursty", *common)
-    _invoke("schedules", "build", "--regime", "bursty", *common)
-    _invoke("schedules", "index", *common)
-    _invoke("replay", "run", "--backend", "simulator", "--regime", "bursty", *common)
-    _invoke("replay", "index", "--root", str(root))
+    cli("traces", "--regime", "bursty", *common)
+    cli("schedules", "build", "--regime", "bursty", *common)
+    cli("schedules", "index", *common)
+    cli("replay", "run", "--backend", "simulator", "--regime", "bursty", *common)
+    cli("replay", "index", "--root", str(root))
 
 
-def test_without_mechanism_evidence_nothing_passes_the_harness_tier(tmp_path, params_file, raw_params):
+def test_without_mechanism_evidence_nothing_passes_the_harness_tier(tmp_path, params_file, raw_params, cli):
     root = tmp_path / "p"
     raw_params["regimes"] = {"bursty": raw_params["regimes"]["bursty"]}
     params_file.write_text(yaml.safe_dump(raw_params))
-    _pipeline(root, params_file)
-    out = _invoke("analyze", "--params", str(params_file), "--root", str(root))
+    _pipeline(root, params_file, cli)
+    out = cli("analyze", "--params", str(params_file), "--root", str(root))
     table = pd.read_csv(root / "reports" / "policy_table.csv")
     controllers = table[~table["policy"].isin(["no_sync", "matched_random", "offline_bound"])]
     assert set(controllers["tier"]) == {"stress harness only"}
@@ -44,15 +36,15 @@ def test_without_mechanism_evidence_nothing_passes_the_harness_tier(tmp_path, pa
     assert metrics and all(isinstance(v, (int, float)) for v in metrics.values())
 
 
-def test_mechanism_evidence_lifts_the_ceiling(tmp_path, params_file, raw_params):
+def test_mechanism_evidence_lifts_the_ceiling(tmp_path, params_file, raw_params, cli):
     root = tmp_path / "p"
     raw_params["regimes"] = {"bursty": raw_params["regimes"]["bursty"]}
     params_file.write_text(yaml.safe_dump(raw_params))
-    _pipeline(root, params_file)
+    _pipeline(root, params_file, cli)
     mechanism = root / "runs" / "calibration" / "mechanism.json"
     mechanism.parent.mkdir(parents=True)
     mechanism.write_text(json.dumps({"regimes": {"bursty": {"sync_ratio": 1.6, "pressure_ratio": 1.3}}}))
-    _invoke("analyze", "--params", str(params_file), "--root", str(root))
+    cli("analyze", "--params", str(params_file), "--root", str(root))
     table = pd.read_csv(root / "reports" / "policy_table.csv").set_index("policy")
     assert table.loc["fixed_h", "tier"] == "mechanism transfers"
     # two seeds cannot reach p < 0.05 in a one-sided sign-flip test (smallest p = 1/4)

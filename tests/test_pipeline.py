@@ -21,17 +21,11 @@ from syncsafe.traces.stage import load_timeline
 INDEX_COLUMNS = ["regime", "policy", "seed", "draw", "matched_to", "source", "n_merges", "path"]
 
 
-def _invoke(*args: str) -> str:
-    result = CliRunner().invoke(app, list(args))
-    assert result.exit_code == 0, result.output
-    return result.output
-
-
 @pytest.fixture
-def built(tmp_path, params_file):
+def built(tmp_path, params_file, cli):
     root = tmp_path / "project"
     for cmd in (["traces"], ["schedules", "build"], ["schedules", "index"]):
-        _invoke(*cmd, "--params", str(params_file), "--root", str(root))
+        cli(*cmd, "--params", str(params_file), "--root", str(root))
     return root
 
 
@@ -58,8 +52,8 @@ def test_offline_bound_never_overlaps_more_than_its_controller_or_draws(built):
         assert all(overlap[bound] <= v + 1e-9 for v in overlap.values())
 
 
-def test_schedules_view_shows_every_policy_seed_and_regime(built, params):
-    out = _invoke("schedules", "--root", str(built))
+def test_schedules_view_shows_every_policy_seed_and_regime(built, params, cli):
+    out = cli("schedules", "--root", str(built))
     for regime in params.regimes:
         assert f"regime {regime}" in out
     for policy in CONTROLLER_POLICIES:
@@ -68,20 +62,20 @@ def test_schedules_view_shows_every_policy_seed_and_regime(built, params):
     assert "no_sync" in out and "busy overlap" in out
 
 
-def test_rerun_gives_identical_outputs(built, params_file, tmp_path):
+def test_rerun_gives_identical_outputs(built, params_file, tmp_path, cli):
     again = tmp_path / "again"
     for cmd in (["traces"], ["schedules", "build"]):
-        _invoke(*cmd, "--params", str(params_file), "--root", str(again))
+        cli(*cmd, "--params", str(params_file), "--root", str(again))
     for path in (built / "runs").rglob("*.json"):
         assert path.read_bytes() == (again / path.relative_to(built)).read_bytes()
     pd.testing.assert_frame_equal(load_timeline(built, "bursty", 1), load_timeline(again, "bursty", 1))
 
 
-def test_import_trace_command(tmp_path):
+def test_import_trace_command(tmp_path, cli):
     src = tmp_path / "burst.csv"
     src.write_text("Timestamp,Request tokens,Response tokens\n3,10,5\n7,20,0\n9,30,6\n")
     out = tmp_path / "requests.parquet"
-    assert "2 requests" in _invoke("import-trace", "burstgpt", str(src), "--out", str(out))
+    assert "2 requests" in cli("import-trace", "burstgpt", str(src), "--out", str(out))
     assert pd.read_parquet(out)["arrival_s"].tolist() == [0.0, 6.0]
     bad = CliRunner().invoke(app, ["import-trace", "azure", str(src), "--out", str(tmp_path / "x.parquet")])
     assert bad.exit_code == 1 and "TIMESTAMP" in bad.output and not (tmp_path / "x.parquet").exists()

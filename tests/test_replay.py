@@ -8,9 +8,7 @@ import time
 import pandas as pd
 import psutil
 import pytest
-from typer.testing import CliRunner
 
-from syncsafe.cli import app
 from syncsafe.serving.interference import MergeInterference
 from syncsafe.serving.metrics import REQUEST_RESULT_COLUMNS
 
@@ -18,20 +16,14 @@ CONTRACT = ["regime", "policy", "seed", "draw", "backend", "slo_violation_rate",
             "n_failed", "path"]
 
 
-def _invoke(*args: str) -> str:
-    result = CliRunner().invoke(app, list(args))
-    assert result.exit_code == 0, result.output
-    return result.output
-
-
 @pytest.fixture
-def replayed(tmp_path, params_file):
+def replayed(tmp_path, params_file, cli):
     root = tmp_path / "project"
     common = ["--params", str(params_file), "--root", str(root)]
-    _invoke("traces", "--regime", "bursty", *common)
-    _invoke("schedules", "build", "--regime", "bursty", *common)
-    _invoke("replay", "run", "--backend", "simulator", "--regime", "bursty", *common)
-    _invoke("replay", "index", "--root", str(root))
+    cli("traces", "--regime", "bursty", *common)
+    cli("schedules", "build", "--regime", "bursty", *common)
+    cli("replay", "run", "--backend", "simulator", "--regime", "bursty", *common)
+    cli("replay", "index", "--root", str(root))
     return root
 
 
@@ -63,8 +55,8 @@ def test_slo_comes_from_the_same_seeds_no_sync(replayed, params):
         assert (rows["slo_violation_rate"] >= no_sync["slo_violation_rate"] - 1e-12).all()
 
 
-def test_replay_view(replayed):
-    out = _invoke("replay", "--root", str(replayed))
+def test_replay_view(replayed, cli):
+    out = cli("replay", "--root", str(replayed))
     assert "simulator · regime bursty" in out and "no_sync" in out and "matched_random[fixed_h]" in out
 
 

@@ -20,6 +20,7 @@ broadcasts it, so all workers leave the window after the same all-reduce.
 from __future__ import annotations
 
 import multiprocessing as mp
+import queue
 import socket
 import time
 from datetime import timedelta
@@ -127,7 +128,7 @@ class MergeInterference:
             try:
                 rank, worked = self._results.get(timeout=min(1.0, max(0.01, deadline - time.monotonic())))
                 reports[rank] = worked
-            except Exception:
+            except queue.Empty:
                 if time.monotonic() > deadline:
                     raise InterferenceError(f"interference workers did not report within {timeout_s:.0f} s") from None
         return reports[0]
