@@ -83,3 +83,12 @@ def test_cli_rejects_unknown_regime(params_file, tmp_path):
     result = CliRunner().invoke(app, ["traces", "--regime", "nope", "--params", str(params_file), "--root", str(tmp_path)])
     assert result.exit_code == 2
     assert "--regime 'nope'" in result.output
+
+
+def test_gpu_profile_overlay_is_valid(repo_root, tmp_path, cli):
+    out = tmp_path / "params.gpu.yaml"
+    cli("profile", "gpu", "--params", repo_root / "params.yaml", "--out", out)
+    gpu = load_params(out)
+    assert gpu.profile == "gpu" and gpu.train.islands == 8 and len(gpu.seeds) == 10
+    assert gpu.regimes["bursty"].period_s == 120  # untouched keys keep the cpu values
+    assert gpu.replay.vllm.time_scale == 1.0 and gpu.train.hub.model.startswith("HuggingFaceTB/")

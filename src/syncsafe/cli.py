@@ -295,6 +295,26 @@ def compare(
 
 @app.command()
 @_fails_cleanly
+def profile(
+    name: Annotated[str, typer.Argument(help="cpu | gpu")],
+    out: Annotated[Path, typer.Option("--out", help="params file to write")],
+    params: ParamsOpt = Path("params.yaml"),
+) -> None:
+    """Write params.yaml with a profile's overlay applied (validated first)."""
+    import yaml
+
+    from syncsafe import io
+    from syncsafe.config import parse_params
+    from syncsafe.profiles import apply_profile
+
+    raw = apply_profile(yaml.safe_load(Path(params).read_text(encoding="utf-8")), name)
+    parse_params(raw, f"{params} + profile {name}")
+    io.write_text(out, yaml.safe_dump(raw, sort_keys=False))
+    typer.echo(f"{out}: profile {name}")
+
+
+@app.command()
+@_fails_cleanly
 def check(params: ParamsOpt = Path("params.yaml")) -> None:
     """Validate params.yaml and print the resolved settings."""
     p = load_params(params)

@@ -277,8 +277,6 @@ class TrainConfig(_Strict):
             raise ValueError(
                 f"model.hidden_size ({self.model.hidden_size}) must be a multiple of model.num_heads ({self.model.num_heads})"
             )
-        if self.seq_len > self.model.max_position_embeddings:
-            raise ValueError(f"seq_len ({self.seq_len}) must be <= model.max_position_embeddings")
         return self
 
 
@@ -384,6 +382,9 @@ class Params(_Strict):
                 )
             if not _is_multiple(regime.duration_s, step):
                 raise ValueError(f"regimes.{name}.duration_s must be a multiple of traces.step_s ({step})")
+        if self.profile == "cpu" and self.train.seq_len > self.train.model.max_position_embeddings:
+            raise ValueError(f"train.seq_len ({self.train.seq_len}) must be <= train.model.max_position_embeddings "
+                             f"({self.train.model.max_position_embeddings}) in the cpu profile")
         vllm = self.replay.vllm
         for key, chosen, allowed in (
             ("replay.vllm.regimes", vllm.regimes, list(self.regimes)),
