@@ -211,6 +211,40 @@ def replay_index(root: RootOpt = Path(".")) -> None:
 
 @app.command()
 @_fails_cleanly
+def calibrate(params: ParamsOpt = Path("params.yaml"), root: RootOpt = Path(".")) -> None:
+    """Stage calibrate: fit the simulator to the vLLM replays; effect-size transfer and held-out fidelity.
+
+    Writes runs/calibration/ (calibration.json, mechanism.json, transfer.csv, fidelity.csv, report.md).
+    Point replay.simulator.calibration / control.calibrated.calibration at runs/calibration/calibration.json to use it.
+    """
+    import math
+
+    from syncsafe.analysis.calibrate import calibrate_stage
+    from syncsafe.tracking import section_params, stage_run
+
+    p = load_params(params)
+    with stage_run("calibrate", root=root, params_section=section_params(p, ["replay"]), profile=p.profile) as tracker:
+        result = calibrate_stage(p, root)
+        tracker.metrics.update({f"calibration.{k}": float(v)
+                                for k, v in result.calibration.model_dump(exclude={"fitted"}).items()})
+        for row in result.transfer.itertuples(index=False):
+            for column in ("real", "simulated"):
+                value = getattr(row, column)
+                if value is not None and math.isfinite(value):
+                    tracker.metrics[f"{row.regime}.{row.metric}.{column}"] = float(value)
+        tracker.metrics.update({f"fidelity.{k}": v for k, v in result.fidelity.errors.items() if math.isfinite(v)})
+        for path in result.files.values():
+            tracker.log_artifact(path)
+    c = result.calibration
+    typer.echo(f"calibrate: merge_slowdown {c.merge_slowdown:.3g}, pressure_slowdown {c.pressure_slowdown:.3g}, "
+               f"batch_slowdown {c.batch_slowdown:.3g}, residual_sigma {c.residual_sigma:.3g}")
+    for regime in sorted(result.mechanism.regimes):
+        typer.echo(f"{regime:16s} {result.mechanism.describe(regime)}")
+    typer.echo(f"wrote {', '.join(sorted(result.files))} to {Path(root) / 'runs' / 'calibration'}")
+
+
+@app.command()
+@_fails_cleanly
 def analyze(
     runs: Annotated[
         Path | None,

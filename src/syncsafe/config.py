@@ -322,6 +322,8 @@ class VllmReplay(_Strict):
                                  "--kv-cache-memory-bytes", "64M", "--shutdown-timeout", "2",
                                  "--disable-uvicorn-access-log"]
     )
+    #: Trace seconds of the first seed's load sent (and discarded) before the first measured replay.
+    warmup_s: Annotated[float, Field(ge=0)] = 20.0
     #: What runs beside the server during merge windows.
     interference: Literal["merge", "stress"] = "merge"
     interference_workers: Annotated[int, Field(ge=1)] = 2

@@ -90,3 +90,13 @@ def test_tier_order_and_mechanism_validation():
         MechanismEvidence(regimes={"bursty": {"sync_ratio": 1.2, "pressure_ratio": 1.5, "backend": "simulator"}})
     with pytest.raises(ValueError, match="alpha"):
         assign_verdict(row(), custom, alpha=0.0)
+
+
+def test_a_drifted_mechanism_measurement_licenses_nothing():
+    from syncsafe.analysis.verdicts import MechanismEvidence, RegimeMechanism
+
+    steady = MechanismEvidence(regimes={"bursty": RegimeMechanism(sync_ratio=1.8, pressure_ratio=1.2, drift_ratio=1.1)})
+    drifted = MechanismEvidence(regimes={"bursty": RegimeMechanism(sync_ratio=1.8, pressure_ratio=1.2, drift_ratio=4.3)})
+    assert steady.shows("bursty") and not steady.drifted("bursty")
+    assert drifted.drifted("bursty") and not drifted.shows("bursty")
+    assert "drifted: measurement not trusted" in drifted.describe("bursty")

@@ -67,6 +67,11 @@ class RegimeMechanism(BaseModel):
     pressure_ratio: float = Field(gt=0, description="real p95 latency under high / low fleet pressure")
     backend: Literal["vllm"] = "vllm"
     n_requests: int | None = Field(default=None, ge=0, description="real requests behind the ratios")
+    drift_ratio: float | None = Field(
+        default=None, gt=0,
+        description="control: p95 of requests done before any merge / the same requests in the no-sync replay "
+                    "(about 1 when the server behaved alike across replays)",
+    )
 
 
 class MechanismEvidence(BaseModel):
@@ -76,26 +81,38 @@ class MechanismEvidence(BaseModel):
 
     regimes: dict[str, RegimeMechanism]
     sync_ratio_threshold: float = Field(default=DEFAULT_SYNC_RATIO_THRESHOLD, ge=1.0)
+    #: A measurement whose pre-merge control drifts beyond this factor (either way) licenses nothing.
+    max_drift: float = Field(default=1.25, ge=1.0)
 
     @classmethod
     def read(cls, path: str | Path) -> MechanismEvidence:
         """Load from a JSON file with this model's fields."""
         return cls.model_validate_json(Path(path).read_text(encoding="utf-8"))
 
-    def shows(self, regime: str) -> bool:
-        """True when the regime's real sync ratio exceeds the threshold."""
+    def drifted(self, regime: str) -> bool:
+        """True when the regime's pre-merge control shows the server itself changed between replays."""
         measured = self.regimes.get(regime)
-        return measured is not None and measured.sync_ratio > self.sync_ratio_threshold
+        drift = measured.drift_ratio if measured is not None else None
+        return drift is not None and not 1.0 / self.max_drift <= drift <= self.max_drift
+
+    def shows(self, regime: str) -> bool:
+        """True when the regime's real sync ratio exceeds the threshold and its control did not drift."""
+        measured = self.regimes.get(regime)
+        return measured is not None and measured.sync_ratio > self.sync_ratio_threshold and not self.drifted(regime)
 
     def describe(self, regime: str) -> str:
         measured = self.regimes.get(regime)
         if measured is None:
             return f"no real-backend (vllm) mechanism measurement for regime {regime!r}"
-        relation = ">" if self.shows(regime) else "<="
-        return (
+        relation = ">" if measured.sync_ratio > self.sync_ratio_threshold else "<="
+        text = (
             f"vllm sync ratio {measured.sync_ratio:.3g} {relation} {self.sync_ratio_threshold:.3g}, "
             f"pressure ratio {measured.pressure_ratio:.3g}"
         )
+        if measured.drift_ratio is not None:
+            verdict = "drifted: measurement not trusted" if self.drifted(regime) else "within"
+            text += f", pre-merge control {measured.drift_ratio:.3g} ({verdict} ×{self.max_drift:.3g})"
+        return text
 
 
 @dataclass(frozen=True)

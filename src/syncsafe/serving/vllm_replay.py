@@ -161,6 +161,7 @@ def replay_vllm(params: Params, root: Path = Path(".")) -> pd.DataFrame:
                         "syncsafe", cfg.port, out_root / "server.log", cfg.server_args, cfg.startup_timeout_s,
                         cache_dir=Path(root).resolve() / "models" / "vllm-cache")
     rows: list[dict] = []
+    warmed = cfg.warmup_s == 0
     with server, MergeInterference(cfg.interference, cfg.interference_workers, numel, out_root / ".scratch") as work, \
             tqdm(total=len(chosen), desc="replay vllm", unit="replay", leave=False) as bar:
         for regime, by_regime in chosen.groupby("regime", sort=False):
@@ -168,6 +169,11 @@ def replay_vllm(params: Params, root: Path = Path(".")) -> pd.DataFrame:
                 requests = pd.read_parquet(trace_dir(root, regime, seed) / "requests.parquet")
                 requests = requests[requests["arrival_s"] < cfg.max_trace_s].reset_index(drop=True)
                 timeline = load_timeline(root, regime, seed)
+                if not warmed:  # first requests hit cold code paths; keep them out of every measurement
+                    warmup = requests[requests["arrival_s"] < cfg.warmup_s]
+                    replay_requests(server.base_url, "syncsafe", warmup, time.time() + 0.5, cfg.time_scale, vocab, seed,
+                                    cfg.max_in_flight, cfg.request_timeout_s)
+                    warmed = True
                 slo = None
                 for row in schedules:
                     schedule = read_schedule(Path(root) / row["path"])
