@@ -6,6 +6,7 @@ Needs the vLLM environment (`make vllm-env`, which `make test` runs).
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -104,15 +105,29 @@ def _server_processes(port: int) -> list[psutil.Process]:
     return found
 
 
+def _group_members(pgid: int) -> list[int]:
+    members = []
+    for proc in psutil.process_iter():
+        try:
+            if os.getpgid(proc.pid) == pgid:
+                members.append(proc.pid)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            pass
+    return members
+
+
 def test_a_server_that_dies_mid_run_fails_loudly_and_writes_no_summary(tmp_path):
     params = load_params(make_project(tmp_path, 8232))
     out = tmp_path / "runs" / "replay-sets" / "vllm" / "bursty" / "seed-0"
+
+    groups: list[int] = []
 
     def kill_after_first_summary() -> None:
         deadline = time.monotonic() + 900
         while time.monotonic() < deadline:
             if (out / "no_sync" / "summary.json").exists():
-                for proc in _server_processes(8232):
+                for proc in _server_processes(8232):  # the API server only: its engine and worker live on
+                    groups.append(os.getpgid(proc.pid))
                     proc.kill()
                 return
             time.sleep(0.5)
@@ -126,4 +141,4 @@ def test_a_server_that_dies_mid_run_fails_loudly_and_writes_no_summary(tmp_path)
     assert (out / "no_sync" / "summary.json").exists()
     assert not (out / "fixed_h" / "summary.json").exists()
     assert not (tmp_path / "runs" / "replay-sets" / "vllm" / "index.csv").exists()
-    assert not _server_processes(8232), "no server process outlives the stage"
+    assert groups and not any(_group_members(g) for g in groups), "no server process outlives the stage"

@@ -41,6 +41,18 @@ def log_tail(path: Path, lines: int = 25) -> str:
         return "(no log written)"
 
 
+def _signal_group(pgid: int, sig: signal.Signals) -> bool:
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def _group_alive(pgid: int) -> bool:
+    return _signal_group(pgid, 0)
+
+
 class VllmServer:
     """`with VllmServer(...) as server:` → a healthy server at `server.base_url`."""
 
@@ -64,6 +76,7 @@ class VllmServer:
         self.startup_timeout_s = startup_timeout_s
         self.cache_dir = Path(cache_dir) if cache_dir else None
         self._proc: subprocess.Popen | None = None
+        self._pgid: int | None = None
         self._tmp: Path | None = None
 
     @property
@@ -97,6 +110,7 @@ class VllmServer:
         with open(self.log_path, "w") as log:
             self._proc = subprocess.Popen(self.command(), env=self._env(), stdout=log, stderr=subprocess.STDOUT,
                                           start_new_session=True)
+        self._pgid = self._proc.pid  # its own session: the group outlives the leader, so kill by group
         self._wait_healthy()
         return self
 
@@ -124,23 +138,19 @@ class VllmServer:
         """Raise ServerError if the server process has exited."""
         if self._proc is not None and self._proc.poll() is not None:
             code = self._proc.returncode
-            self._proc = None
-            self._cleanup_tmp()
+            self.stop()  # the engine and worker processes may still be running: end them too
             raise ServerError(f"vLLM server exited with code {code}; log {self.log_path}:\n{log_tail(self.log_path)}")
 
     def stop(self) -> None:
+        """SIGTERM to the whole process group, SIGKILL to whatever is left after the grace period."""
         proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            pgid = os.getpgid(proc.pid)
-            os.killpg(pgid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=GRACE_S)
-            except subprocess.TimeoutExpired:
-                pass
-            try:
-                os.killpg(pgid, signal.SIGKILL)  # engine/worker children, if any are left
-            except ProcessLookupError:
-                pass
+        pgid, self._pgid = self._pgid, None
+        if pgid is not None and _signal_group(pgid, signal.SIGTERM):
+            deadline = time.monotonic() + GRACE_S
+            while time.monotonic() < deadline and _group_alive(pgid):
+                time.sleep(0.2)
+            _signal_group(pgid, signal.SIGKILL)
+        if proc is not None:
             proc.wait()
         self._cleanup_tmp()
 
