@@ -387,3 +387,30 @@ def test_provenance_helpers(tmp_path: Path, repo_root: Path) -> None:
     assert tracking.artifact_location("http://h:5000", tmp_path) is None
     assert tracking.artifact_location("sqlite:////x/y/mlflow.db", tmp_path, "exp") == "file:///x/y/mlartifacts/exp"
     assert tracking.redact("https://u:secret@h/x") == "https://***@h/x"
+
+
+def test_a_small_pipeline_run_leaves_its_stage_and_item_runs(store, params_file, cli):
+    """traces → schedules → simulator replay through the CLI, tracking on: one parent, nested runs, tags, artifacts."""
+    os.environ["SYNCSAFE_PIPELINE_RUN_ID"] = "pytest-pipeline"
+    try:
+        common = ["--params", str(params_file), "--root", str(store.parent)]
+        cli("traces", "--regime", "bursty", *common)
+        cli("schedules", "build", "--regime", "bursty", *common)
+        cli("replay", "run", "--backend", "simulator", "--regime", "bursty", *common)
+    finally:
+        del os.environ["SYNCSAFE_PIPELINE_RUN_ID"]
+    runs = mlflow.search_runs(search_all_experiments=True, output_format="pandas", max_results=5000)
+    assert set(runs["tags.syncsafe.pipeline_run_id"]) == {"pytest-pipeline"}
+    kinds = runs["tags.syncsafe.run_kind"].value_counts()
+    assert kinds["pipeline"] == 1 and kinds["stage"] == 3
+    items = runs[runs["tags.syncsafe.run_kind"] == "item"]
+    for tag in RUN_TAGS:
+        assert f"tags.{tag}" in items.columns
+    draws = items[(items["tags.stage"] == "replay-simulator@bursty") & (items["tags.policy"] == "matched_random")]
+    assert len(draws) == 2 * 7 * 3 and set(draws["tags.draw"]) == {"0", "1", "2"}
+    assert draws["metrics.slo_violation_rate"].between(0, 1).all()
+    fixed = items[(items["tags.stage"] == "schedules@bursty") & (items["tags.policy"] == "fixed_h")]
+    assert len(fixed) == 2 and fixed["metrics.n_merges"].gt(0).all()
+    assert (fixed["params.merge.window_s"] == "8.0").all()
+    client = mlflow.MlflowClient()
+    assert "fixed_h.json" in [a.path for a in client.list_artifacts(fixed["run_id"].iloc[0])]
