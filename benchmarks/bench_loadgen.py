@@ -25,7 +25,7 @@ os.environ.setdefault("SYNCSAFE_TRACKING", "off")
 from syncsafe.config import load_params  # noqa: E402
 from syncsafe.serving.loadgen import replay_requests  # noqa: E402
 from syncsafe.serving.vllm_replay import build_untrained_model  # noqa: E402
-from syncsafe.serving.vllm_server import VllmServer  # noqa: E402
+from syncsafe.serving.vllm_server import VllmServer, resolve_python  # noqa: E402
 
 
 def main() -> None:
@@ -40,7 +40,7 @@ def main() -> None:
         model = build_untrained_model(params, Path(tmp))
         vocab = json.loads((model / "config.json").read_text())["vocab_size"]
         started = time.perf_counter()
-        with VllmServer(Path(cfg.python).resolve(), model, "bench", cfg.port, Path(tmp) / "server.log",
+        with VllmServer(resolve_python(cfg.python), model, "bench", cfg.port, Path(tmp) / "server.log",
                         cfg.server_args, cfg.startup_timeout_s, cache_dir=Path("models/vllm-cache").resolve()) as server:
             print(f"server healthy after {time.perf_counter() - started:.0f} s")
             print(f"{'rate/s':>7s} {'requests':>8s} {'lag p50 ms':>10s} {'lag p99 ms':>10s} {'lag max ms':>10s} {'e2e p95 ms':>10s}")

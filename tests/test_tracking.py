@@ -406,10 +406,10 @@ def test_a_small_pipeline_run_leaves_its_stage_and_item_runs(store, params_file,
     items = runs[runs["tags.syncsafe.run_kind"] == "item"]
     for tag in RUN_TAGS:
         assert f"tags.{tag}" in items.columns
-    draws = items[(items["tags.stage"] == "replay-simulator@bursty") & (items["tags.policy"] == "matched_random")]
+    draws = items[(items["tags.stage"] == "replay-simulator") & (items["tags.policy"] == "matched_random")]
     assert len(draws) == 2 * 7 * 3 and set(draws["tags.draw"]) == {"0", "1", "2"}
     assert draws["metrics.slo_violation_rate"].between(0, 1).all()
-    fixed = items[(items["tags.stage"] == "schedules@bursty") & (items["tags.policy"] == "fixed_h")]
+    fixed = items[(items["tags.stage"] == "schedules") & (items["tags.policy"] == "fixed_h")]
     assert len(fixed) == 2 and fixed["metrics.n_merges"].gt(0).all()
     assert (fixed["params.merge.window_s"] == "8.0").all()
     client = mlflow.MlflowClient()

@@ -135,4 +135,5 @@ def test_killed_island_continues_on_the_survivors(tmp_path, monkeypatch):
     assert (metrics["islands"], metrics["island_ids"], metrics["islands_configured"]) == (1, [0], 2)
     assert metrics["n_merges"] == 2
     logs = sorted(p.name for p in (tmp_path / "runs" / "train" / "bursty" / "logs").iterdir())
-    assert logs == ["attempt-0-island-0.log", "attempt-0-island-1.log", "attempt-1-island-0.log"]
+    assert logs == ["fixed_h-seed-0-attempt-0-island-0.log", "fixed_h-seed-0-attempt-0-island-1.log",
+                    "fixed_h-seed-0-attempt-1-island-0.log"]

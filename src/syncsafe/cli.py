@@ -89,7 +89,7 @@ def train(
             raise ConfigError(f"--policy {name!r}: not in control.policies ({p.control.policies})")
     for name in _regimes(p, regime):
         section = section_params(p, ["profile", "seeds", "merge", "control", "train", f"regimes.{name}"])
-        with stage_run(f"train@{name}", root=root, params_section=section, profile=p.profile, regime=name,
+        with stage_run("train", root=root, params_section=section, profile=p.profile, regime=name,
                        system_metrics=True) as tracker:
             try:
                 dirs = train_regime(p, params, name, root, resume=resume, policies=policy, seeds=seed)
@@ -181,7 +181,7 @@ def replay_run(
         from syncsafe.serving.replay import replay_simulator
 
         for name in _regimes(p, regime):
-            with stage_run(f"replay-simulator@{name}", root=root, params_section=section, profile=p.profile,
+            with stage_run("replay-simulator", root=root, params_section=section, profile=p.profile,
                            regime=name) as tracker:
                 index = replay_simulator(p, name, root)
                 tracker.extend(replay_runs("simulator", index, root))

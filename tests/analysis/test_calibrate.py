@@ -332,8 +332,13 @@ def test_stage_writes_the_calibration_set(tmp_path):
 def test_missing_vllm_replays_name_the_path_and_the_stage(tmp_path):
     with pytest.raises(CalibrationInputError, match=r"runs/replay-sets/vllm/index\.csv.*replay-vllm stage"):
         calibrate_stage(stage_params(), tmp_path)
-    with pytest.raises(FileNotFoundError, match=r"replay\.vllm\.enabled is false"):
-        calibrate_stage(stage_params(enabled=False), tmp_path)
+
+
+def test_without_vllm_replays_by_config_the_set_says_nothing_was_measured(tmp_path):
+    result = calibrate_stage(stage_params(enabled=False), tmp_path)
+    assert result.calibration.fitted is False and result.mechanism.regimes == {}
+    assert MechanismEvidence.read(result.files["mechanism.json"]).regimes == {}
+    assert "nothing was replayed on a real server" in result.files["report.md"].read_text()
 
 
 def test_an_incomplete_replay_is_named(tmp_path):

@@ -1041,6 +1041,8 @@ def _verdict_sentence(regime: str, transfer: pd.DataFrame, mechanism: MechanismE
 def calibrate_stage(params: Params, root: Path = Path(".")) -> CalibrationResult:
     """Fit the simulator to the vLLM replays under `root` and write `runs/calibration/` (see the module docstring)."""
     root = Path(root)
+    if not params.replay.vllm.enabled:
+        return _write_unmeasured(root)
     records = read_vllm_records(params, root)
     mb = max_num_seqs(params.replay.vllm.server_args)
     base = Calibration()
@@ -1057,7 +1059,12 @@ def calibrate_stage(params: Params, root: Path = Path(".")) -> CalibrationResult
     mechanism, skipped = mechanism_evidence(transfer, n_requests)
     report = render_calibration_report(calibration, details.diagnostics, transfer, fidelity, mechanism, skipped,
                                        [r.name for r in records])
-    # Everything is computed; now the whole directory is swapped in at once.
+    return _write_set(root, calibration, mechanism, transfer, fidelity, report, details.diagnostics)
+
+
+def _write_set(root: Path, calibration: Calibration, mechanism: MechanismEvidence, transfer: pd.DataFrame,
+               fidelity: Fidelity, report: str, diagnostics: dict) -> CalibrationResult:
+    """Swap the whole `runs/calibration/` set in at once."""
     texts = {
         CALIBRATION_FILE: calibration.model_dump_json(indent=2) + "\n",
         MECHANISM_FILE: mechanism.model_dump_json(indent=2) + "\n",
@@ -1072,7 +1079,19 @@ def calibrate_stage(params: Params, root: Path = Path(".")) -> CalibrationResult
 
     out = io.replace_directory(root / CALIBRATION_DIR, build)
     files = {name: out / name for name in (CALIBRATION_FILE, MECHANISM_FILE, TRANSFER_FILE, FIDELITY_FILE, REPORT_FILE)}
-    return CalibrationResult(calibration, mechanism, transfer, fidelity, details.diagnostics, files)
+    return CalibrationResult(calibration, mechanism, transfer, fidelity, diagnostics, files)
+
+
+def _write_unmeasured(root: Path) -> CalibrationResult:
+    """replay.vllm.enabled is false: the shipped defaults, no mechanism evidence, and a report that says so."""
+    calibration = Calibration()
+    empty = pd.DataFrame(columns=list(FIDELITY_COLUMNS))
+    fidelity = Fidelity(empty, fidelity_errors(empty), "no real replays", calibration)
+    report = ("# Calibration\n\nreplay.vllm.enabled is false: nothing was replayed on a real server, so nothing "
+              "was fitted (calibration.json holds the shipped defaults, `fitted: false`) and there is no mechanism "
+              "evidence. Every verdict stays at *stress harness only*.\n")
+    return _write_set(root, calibration, MechanismEvidence(regimes={}), pd.DataFrame(columns=list(TRANSFER_COLUMNS)),
+                      fidelity, report, {})
 
 
 __all__ = [

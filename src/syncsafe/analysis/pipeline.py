@@ -87,7 +87,7 @@ def _real_replay_section(root: Path) -> str:
 
 
 def _calibration_section(root: Path, mechanism: MechanismEvidence | None) -> str:
-    if mechanism is None:
+    if mechanism is None or not mechanism.regimes:
         return ("## Calibration\n\nNo mechanism evidence (`runs/calibration/mechanism.json`): the calibrate stage has "
                 "not run on real replays, so every verdict stays at *stress harness only*.")
     lines = [f"- {regime}: {mechanism.describe(regime)}" for regime in sorted(mechanism.regimes)]

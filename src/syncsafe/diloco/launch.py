@@ -60,6 +60,11 @@ def _tail(path: Path, lines: int = 15) -> str:
         return "(no log)"
 
 
+def _launch_label(runs: list[tuple[str, int]]) -> str:
+    """Log-name prefix: launches of single runs (e.g. one Airflow task each) must not share logs."""
+    return f"{runs[0][0]}-seed-{runs[0][1]}-" if len(runs) == 1 else ""
+
+
 def _launch(params_path: Path, regime: str, root: Path, island_ids: list[int], runs: list[tuple[str, int]],
             resume: bool, attempt: int, fault: str | None, timeout_s: float,
             progress: tqdm) -> Exit | None:
@@ -82,7 +87,7 @@ def _launch(params_path: Path, regime: str, root: Path, island_ids: list[int], r
         env.pop("SYNCSAFE_FAULT", None)
         if fault:
             env["SYNCSAFE_FAULT"] = fault
-        log = log_dir / f"attempt-{attempt}-island-{island}.log"
+        log = log_dir / f"{_launch_label(runs)}attempt-{attempt}-island-{island}.log"
         with open(log, "w") as fh:
             procs.append((island, subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT), log))
     exits: dict[int, tuple[int, Exit]] = {}  # island -> (poll round it was seen dead, exit)

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import fcntl
 from pathlib import Path
 
 import torch
@@ -32,10 +33,18 @@ def model_spec(params: Params, seed: int) -> TinyLlamaSpec:
 
 
 def prepare_tokenizer(params: Params, root: Path):
-    """Build (or reuse) the cpu-profile corpus and tokenizer; returns both."""
+    """Build (or reuse) the cpu-profile corpus and tokenizer; returns both.
+
+    Concurrent callers (parallel train tasks of a DAG) serialize on a lock
+    file beside the cache, so one builds and the others reuse.
+    """
     corpus = build_stdlib_corpus(max_bytes=params.train.corpus_bytes)
-    tokenizer = load_or_build_tokenizer(Path(root) / TOKENIZER_DIR, corpus.train_texts(), corpus.fingerprint,
-                                        vocab_size=params.train.vocab_size)
+    cache = Path(root) / TOKENIZER_DIR
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    with open(cache.parent / ".tokenizer.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        tokenizer = load_or_build_tokenizer(cache, corpus.train_texts(), corpus.fingerprint,
+                                            vocab_size=params.train.vocab_size)
     return corpus, tokenizer
 
 

@@ -38,7 +38,7 @@ from syncsafe.serving.replay import (
     set_dir,
     wall_windows,
 )
-from syncsafe.serving.vllm_server import ServerError, VllmServer
+from syncsafe.serving.vllm_server import ServerError, VllmServer, resolve_python
 from syncsafe.traces.stage import load_timeline, trace_dir
 
 #: Gauges scraped from /metrics (summed over label sets).
@@ -140,8 +140,8 @@ def _model_facts(model: Path | str) -> tuple[int, int]:
 def replay_vllm(params: Params, root: Path = Path(".")) -> pd.DataFrame:
     """Replay the configured subset of schedules against one real vLLM server."""
     cfg = params.replay.vllm
-    if not cfg.enabled:
-        raise ValueError("replay.vllm.enabled is false: nothing to replay on vLLM")
+    if not cfg.enabled:  # an empty set: calibrate then records that nothing was measured on a real server
+        return write_set_index(set_dir(root, "vllm") / "index.csv", [])
     index = read_index(Path(root) / SCHEDULE_INDEX)
     seeds = cfg.seeds or params.seeds[:1]
     policies = vllm_policies(params)
@@ -157,7 +157,7 @@ def replay_vllm(params: Params, root: Path = Path(".")) -> pd.DataFrame:
     model = served_model(params, root)
     vocab, numel = _model_facts(model)
     out_root = set_dir(root, "vllm")
-    server = VllmServer(Path(cfg.python).resolve() if not Path(cfg.python).is_absolute() else cfg.python, model,
+    server = VllmServer(resolve_python(cfg.python), model,
                         "syncsafe", cfg.port, out_root / "server.log", cfg.server_args, cfg.startup_timeout_s,
                         cache_dir=Path(root).resolve() / "models" / "vllm-cache")
     rows: list[dict] = []

@@ -53,6 +53,17 @@ def _group_alive(pgid: int) -> bool:
     return _signal_group(pgid, 0)
 
 
+def resolve_python(python: str | Path) -> str:
+    """A path (relative to the working directory) or a bare name looked up on PATH."""
+    text = str(python)
+    if "/" in text:
+        return str(Path(text).resolve())
+    found = shutil.which(text)
+    if found is None:
+        raise ServerError(f"vLLM python {text!r} not found on PATH (set replay.vllm.python)")
+    return found
+
+
 class VllmServer:
     """`with VllmServer(...) as server:` → a healthy server at `server.base_url`."""
 

@@ -39,7 +39,7 @@ def track_traces(params: Params, regime: str, root: Path) -> None:
             "arrival_rate_mean": float(timeline["arrival_rate"].mean()),
             "inference_pressure_mean": float(timeline["inference_pressure"].mean()),
         }))  # fmt: skip
-    track_stage(f"traces@{regime}", runs, root=root, profile=params.profile, regime=regime,
+    track_stage("traces", runs, root=root, profile=params.profile, regime=regime,
                 params_section=_section(params, ["seeds", "traces", f"regimes.{regime}"]))
 
 
@@ -75,7 +75,7 @@ def track_schedules(params: Params, regime: str, index: pd.DataFrame, root: Path
             tags={"source": rec.source},
             artifacts=[Path(root) / rec.path] if rec.source != "matched_random" else [],
         ))  # fmt: skip
-    track_stage(f"schedules@{regime}", runs, root=root, profile=params.profile, regime=regime,
+    track_stage("schedules", runs, root=root, profile=params.profile, regime=regime,
                 params_section=_section(params, ["seeds", "merge", "control", "schedules", f"regimes.{regime}"]))
 
 
