@@ -78,3 +78,16 @@ def test_interference_runs_only_inside_merge_windows(tmp_path, mode):
         assert start - 0.01 <= began <= start + 0.5  # never early; late only by scheduling delay
         assert end <= finished <= end + 1.0  # stops after the iteration that crosses the window end
         assert iterations > 0
+
+
+def test_vllm_python_keeps_its_virtual_environment(tmp_path, monkeypatch):
+    from syncsafe.serving.vllm_server import ServerError, resolve_python
+
+    venv_python = tmp_path / "venv" / "bin" / "python"
+    venv_python.parent.mkdir(parents=True)
+    venv_python.symlink_to("/usr/bin/env")  # a venv's python is a symlink to the base interpreter
+    monkeypatch.chdir(tmp_path)
+    assert resolve_python("venv/bin/python") == str(venv_python)  # the link itself, not its target
+    assert resolve_python("sh").endswith("/sh")
+    with pytest.raises(ServerError, match="not found on PATH"):
+        resolve_python("no-such-python-here")

@@ -57,7 +57,7 @@ def resolve_python(python: str | Path) -> str:
     """A path (relative to the working directory) or a bare name looked up on PATH."""
     text = str(python)
     if "/" in text:
-        return str(Path(text).resolve())
+        return str(Path(text).absolute())  # not resolve(): a venv python is a symlink to the base interpreter
     found = shutil.which(text)
     if found is None:
         raise ServerError(f"vLLM python {text!r} not found on PATH (set replay.vllm.python)")
