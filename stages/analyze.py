@@ -4,4 +4,5 @@ import sys
 
 from syncsafe.cli import app
 
-app(["analyze", *sys.argv[1:]], prog_name="stages/analyze.py")
+if __name__ == "__main__":  # spawned worker processes re-import this module
+    app(["analyze", *sys.argv[1:]], prog_name="stages/analyze.py")

@@ -4,4 +4,5 @@ import sys
 
 from syncsafe.cli import app
 
-app(["replay", "run", "--backend", "vllm", *sys.argv[1:]], prog_name="stages/replay_vllm.py")
+if __name__ == "__main__":  # spawned worker processes re-import this module
+    app(["replay", "run", "--backend", "vllm", *sys.argv[1:]], prog_name="stages/replay_vllm.py")

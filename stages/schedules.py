@@ -4,4 +4,5 @@ import sys
 
 from syncsafe.cli import app
 
-app(["schedules", "build", *sys.argv[1:]], prog_name="stages/schedules.py")
+if __name__ == "__main__":  # spawned worker processes re-import this module
+    app(["schedules", "build", *sys.argv[1:]], prog_name="stages/schedules.py")
