@@ -83,6 +83,7 @@ def test_import_trace_command(tmp_path, cli):
 
 @pytest.mark.slow
 def test_dvc_repro_in_a_fresh_copy_then_nothing_to_do(tmp_path, repo_root, raw_params):
+    """The whole dvc.yaml, real training and a real vLLM replay included, then a no-op second repro."""
     project = tmp_path / "clone"
     tracked = subprocess.run(["git", "ls-files", "-z"], cwd=repo_root, capture_output=True, check=True).stdout
     for rel in filter(None, tracked.decode().split("\0")):
@@ -93,12 +94,14 @@ def test_dvc_repro_in_a_fresh_copy_then_nothing_to_do(tmp_path, repo_root, raw_p
     raw_params["seeds"] = [0]
     raw_params["regimes"] = {k: {**v, "duration_s": 120} for k, v in raw_params["regimes"].items() if k in ("bursty", "steady")}
     raw_params["control"]["policies"] = ["fixed_h", "wa_diloco"]
-    raw_params["replay"]["vllm"]["policies"] = ["fixed_h"]
     raw_params["schedules"]["source"] = "train"
     raw_params["train"].update({"corpus_bytes": 300_000, "eval_batches": 2})
+    # the real vLLM server, briefly: 40 trace seconds at 4x, one controller and one draw
+    raw_params["replay"]["vllm"].update({"python": str(repo_root / ".venv-vllm" / "bin" / "python"),
+                                         "policies": ["fixed_h"], "draws": 1, "max_trace_s": 40, "port": 8233})
     (project / "params.yaml").write_text(yaml.safe_dump(raw_params))
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    run = lambda *a: subprocess.run(a, cwd=project, env=env, capture_output=True, text=True, timeout=600)  # noqa: E731
+    run = lambda *a: subprocess.run(a, cwd=project, env=env, capture_output=True, text=True, timeout=1500)  # noqa: E731
     for cmd in (["git", "init", "-q"], ["git", "add", "-A"]):
         assert run(*cmd).returncode == 0
     first = run("dvc", "repro")
@@ -106,7 +109,13 @@ def test_dvc_repro_in_a_fresh_copy_then_nothing_to_do(tmp_path, repo_root, raw_p
     assert "Running stage 'train@steady'" in first.stdout and "Running stage 'schedules@steady'" in first.stdout
     index = pd.read_csv(project / "runs" / "schedules" / "index.csv")
     assert set(index.loc[index["matched_to"].isna() & (index["policy"] != "no_sync"), "source"]) == {"train"}
-    assert (project / "runs" / "schedules" / "index.csv").is_file()
+    replays = pd.read_csv(project / "runs" / "replay" / "index.csv")
+    assert set(replays["backend"]) == {"simulator", "vllm"}
+    assert len(replays[replays["backend"] == "vllm"]) == 3  # no_sync, fixed_h, one matched-random draw
+    assert (project / "runs" / "calibration" / "mechanism.json").is_file()
+    table = pd.read_csv(project / "reports" / "policy_table.csv")
+    assert {"fixed_h", "wa_diloco", "no_sync", "matched_random", "offline_bound"} <= set(table["policy"])
+    assert "## Real replays (vLLM)" in (project / "reports" / "report.md").read_text()
     second = run("dvc", "repro")
     assert second.returncode == 0
     assert "Running stage" not in second.stdout
