@@ -350,12 +350,29 @@ def test_an_incomplete_replay_is_named(tmp_path):
         calibrate_stage(stage_params(), tmp_path)
 
 
-def test_a_failed_fit_leaves_the_previous_set_untouched(tmp_path):
+def test_too_little_real_data_writes_an_unfitted_set_instead_of_failing(tmp_path):
     recs = make_records(seeds=(0,))
     write_vllm_layout(tmp_path, recs, drop_merges=True)  # no merge-active request anywhere: nothing to fit
+    result = calibrate_stage(stage_params(), tmp_path)
+    assert result.calibration.fitted is False and result.calibration == Calibration()
+    assert "merge-active" in str(result.diagnostics["fit_error"])
+    report = result.files["report.md"].read_text()
+    assert "Not fitted: the shipped defaults stand" in report
+    assert not MechanismEvidence.read(result.files["mechanism.json"]).shows(REGIME)
+    assert not [p.name for p in (tmp_path / "runs").iterdir() if p.name.startswith(".calibration")]
+
+
+def test_a_failed_write_leaves_the_previous_set_untouched(tmp_path, monkeypatch):
+    recs = make_records(seeds=(0,))
+    write_vllm_layout(tmp_path, recs)
     out = tmp_path / "runs" / "calibration"
     io.write_text(out / "calibration.json", "previous\n")
-    with pytest.raises(ValueError, match="merge-active"):
+
+    def broken_csv(path, df):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(io, "write_csv", broken_csv)
+    with pytest.raises(OSError, match="disk full"):
         calibrate_stage(stage_params(), tmp_path)
     assert [p.name for p in out.iterdir()] == ["calibration.json"]
     assert (out / "calibration.json").read_text() == "previous\n"

@@ -958,8 +958,10 @@ def render_calibration_report(
         "Wall time throughout (trace time / `time_scale`); latencies in real ms. Fitted on all vLLM replays: "
         + ", ".join(f"`{name}`" for name in replays) + ".",
         "",
-        "## Fitted parameters",
+        "## Fitted parameters" if calibration.fitted else "## Not fitted: the shipped defaults stand",
         "",
+        *([] if calibration.fitted else [f"The fit failed: {diagnostics.get('fit_error')}. More real data (a longer "
+                                         "`replay.vllm.max_trace_s`, more seeds or draws) is needed.", ""]),
         markdown_table(["parameter", "value"], [(k, _fmt(float(v), 4)) for k, v in fitted]),
         "",
         "Fit diagnostics: " + ", ".join(f"{k} {_fmt(v)}" for k, v in diagnostics.items()) + ".",
@@ -1050,11 +1052,16 @@ def calibrate_stage(params: Params, root: Path = Path(".")) -> CalibrationResult
     records = read_vllm_records(params, root)
     mb = max_num_seqs(params.replay.vllm.server_args)
     base = Calibration()
-    details = fit_calibration_details(records, base, max_batch=mb)
+    try:
+        details = fit_calibration_details(records, base, max_batch=mb)
+    except ValueError as err:  # too little real data to fit: keep the defaults and say so, licensing nothing new
+        details = CalibrationFit(base, {"fit_error": str(err)})
     calibration = details.calibration
     high = params.replay.high_pressure
     transfer = effect_size_transfer(records, calibration, high)
     try:
+        if not calibration.fitted:
+            raise ValueError(f"no fit ({details.diagnostics['fit_error']})")
         fidelity = held_out_fidelity(records, base, max_batch=mb, slo_multiplier=params.replay.slo.multiplier)
     except ValueError as err:  # too few replays to hold any out: say so rather than fail the whole stage
         empty = pd.DataFrame(columns=list(FIDELITY_COLUMNS))
