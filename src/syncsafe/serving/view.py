@@ -24,5 +24,5 @@ def print_replay_summary(root: Path = Path("."), console: Console | None = None)
                                                    p95=("p95_ms", "mean"), sync=("sync_ratio", "mean"))
         for label, rec in agg.iterrows():
             sync = "" if rec.sync != rec.sync else f"{rec.sync:.2f}"
-            table.add_row(escape(label), str(rec.n), f"{rec.slo:.1%}", f"{rec.p95:.0f}", sync)
+            table.add_row(escape(label), str(int(rec.n)), f"{rec.slo:.1%}", f"{rec.p95:.0f}", sync)
         console.print(table)
