@@ -20,7 +20,6 @@ into `runs/replay/index.csv`.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -146,10 +145,6 @@ def read_replay_index(root: Path = Path(".")) -> pd.DataFrame:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no replay index; run the replay stages first")
     return pd.read_csv(path, dtype={"draw": "Int64"})
-
-
-def load_summary(root: Path, rel: str) -> dict:
-    return json.loads((Path(root) / rel / "summary.json").read_text())
 
 
 def request_results(raw: pd.DataFrame, timeline: pd.DataFrame, worked: list[tuple[float, float, int]],
