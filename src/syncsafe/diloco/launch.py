@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from tqdm import tqdm
 from syncsafe.config import Params
 from syncsafe.diloco.resources import prepare_tokenizer
 from syncsafe.diloco.run import TRAIN_DIR, is_complete, train_dir
+from syncsafe.procs import free_port, log_tail
 
 GRACE_S = 10.0
 
@@ -47,19 +47,6 @@ class Exit:
         return f"exited with code {self.returncode}"
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except FileNotFoundError:
-        return "(no log)"
-
-
 def _launch_label(runs: list[tuple[str, int]]) -> str:
     """Log-name prefix: launches of single runs (e.g. one Airflow task each) must not share logs."""
     return f"{runs[0][0]}-seed-{runs[0][1]}-" if len(runs) == 1 else ""
@@ -71,7 +58,7 @@ def _launch(params_path: Path, regime: str, root: Path, island_ids: list[int], r
     """Run one island group to completion; return the first island that failed, if any."""
     log_dir = Path(root) / TRAIN_DIR / regime / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "syncsafe.diloco.worker", "--params", str(params_path), "--regime", regime,
            "--root", str(root), "--island-ids", ",".join(map(str, island_ids))]
     for policy in dict.fromkeys(p for p, _ in runs):
@@ -144,7 +131,7 @@ def train_regime(params: Params, params_path: Path, regime: str, root: Path = Pa
             if lost is None:
                 break
             message = (f"train {regime}: island {lost.island} {lost.describe()}; "
-                       f"log {lost.log}:\n{_tail(lost.log)}")
+                       f"log {lost.log}:\n{log_tail(lost.log, 15)}")
             survivors = [i for i in islands if i != lost.island]
             if params.train.on_island_failure == "fail" or not survivors:
                 raise IslandLost(message)
@@ -156,5 +143,5 @@ def train_regime(params: Params, params_path: Path, regime: str, root: Path = Pa
             attempt += 1
             if again is not None:
                 raise IslandLost(f"train {regime}: island {again.island} {again.describe()} while continuing on "
-                                 f"survivors; log {again.log}:\n{_tail(again.log)}")
+                                 f"survivors; log {again.log}:\n{log_tail(again.log, 15)}")
     return [train_dir(root, regime, p, s) for p, s in runs]

@@ -21,23 +21,18 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import queue
-import socket
 import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Literal
+
+from syncsafe.procs import free_port
 
 Mode = Literal["merge", "stress"]
 
 
 class InterferenceError(RuntimeError):
     """A worker died or did not report back."""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank: int, world: int, port: int, mode: Mode, numel: int, scratch: str,
@@ -101,7 +96,7 @@ class MergeInterference:
         ctx = mp.get_context("spawn")
         self.scratch.mkdir(parents=True, exist_ok=True)
         self._results = ctx.Queue()
-        port = _free_port()
+        port = free_port()
         for rank in range(self.world):
             q = ctx.Queue()
             p = ctx.Process(target=_worker, args=(rank, self.world, port, self.mode, self.numel, str(self.scratch),

@@ -27,18 +27,13 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
+from syncsafe.procs import log_tail
+
 GRACE_S = 15.0
 
 
 class ServerError(RuntimeError):
     """The serving backend failed: it never became healthy, or it died."""
-
-
-def log_tail(path: Path, lines: int = 25) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except FileNotFoundError:
-        return "(no log written)"
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> bool:
