@@ -19,6 +19,8 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from syncsafe.errors import BadInput
+
 #: Controller policies the trace-time controller can run (derived schedules
 #: `matched_random`, `no_sync` and `offline_bound` come from the schedules stage).
 CONTROLLER_POLICIES = (
@@ -32,7 +34,7 @@ CONTROLLER_POLICIES = (
 )
 
 
-class ConfigError(ValueError):
+class ConfigError(BadInput):
     """params.yaml is missing, malformed or describes an impossible run."""
 
 

@@ -1,0 +1,22 @@
+"""The error kinds every entry point maps to an exit code.
+
+The bottom of the import graph: any module may raise these, and the CLI turns
+them into one line on stderr and an exit code, never a traceback.
+
+- :class:`BadInput` (exit 2): params, arguments or input files that are not
+  what the stage expects. The message names the key, argument, file or column
+  and what was expected; nothing is written.
+- exit 3: a lost island (`syncsafe.diloco.launch.IslandLost`).
+- anything else that fails a run (a server that dies, a process that fails):
+  exit 1.
+"""
+
+from __future__ import annotations
+
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_ISLAND_LOST = 3
+
+
+class BadInput(ValueError):
+    """Input that is not what a stage expects; its message names what and where."""
