@@ -39,7 +39,8 @@ class ConfigError(BadInput):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # `.inf` / `.nan` in params.yaml are refused like any impossible value, naming the key.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 PositiveFloat = Annotated[float, Field(gt=0)]
@@ -347,6 +348,45 @@ class SchedulesConfig(_Strict):
     source: Literal["train", "harness"] = "train"
 
 
+# --------------------------------------------------------------------------- analysis
+
+
+class PrimaryTest(_Strict):
+    """The one (policy, regime) test declared before the data: tested first, at alpha."""
+
+    policy: str = "wa_diloco"
+    regime: str = "bursty"
+
+
+class FidelityTargets(_Strict):
+    """What the simulator must reproduce on held-out real replays before its verdicts count."""
+
+    #: Largest relative error of a replay's E2E p95 (|sim - real| / real), per held-out replay.
+    p95_rel_error_max: PositiveFloat = 0.15
+    #: Largest absolute error of a replay's SLO-violation rate, in percentage points.
+    slo_abs_error_pp_max: PositiveFloat = 3.0
+    #: Paired sync ratio simulated / real must lie in [low, high].
+    sync_ratio_low: PositiveFloat = 0.8
+    sync_ratio_high: PositiveFloat = 1.25
+
+    @model_validator(mode="after")
+    def _ordered(self) -> FidelityTargets:
+        if self.sync_ratio_low > self.sync_ratio_high:
+            raise ValueError(f"sync_ratio_low ({self.sync_ratio_low}) must be <= sync_ratio_high ({self.sync_ratio_high})")
+        return self
+
+
+class AnalysisConfig(_Strict):
+    """The evidence protocol's settings (see README, "The evidence protocol")."""
+
+    #: Family-wise error rate of the whole verdict table.
+    alpha: Annotated[float, Field(gt=0, lt=1)] = 0.05
+    primary: PrimaryTest = PrimaryTest()
+    #: A policy whose eval loss may exceed fixed_h's by more than this share is flagged "hurts training".
+    loss_margin: Annotated[float, Field(ge=0)] = 0.01
+    fidelity: FidelityTargets = FidelityTargets()
+
+
 # --------------------------------------------------------------------------- root
 
 
@@ -361,6 +401,7 @@ class Params(_Strict):
     train: TrainConfig = TrainConfig()
     schedules: SchedulesConfig = SchedulesConfig()
     replay: ReplayConfig = ReplayConfig()
+    analysis: AnalysisConfig = AnalysisConfig()
 
     @model_validator(mode="after")
     def _consistent(self) -> Params:
@@ -398,6 +439,11 @@ class Params(_Strict):
             unknown = [x for x in chosen if x not in allowed]
             if unknown:
                 raise ValueError(f"{key}: {unknown} not among {allowed}")
+        primary = self.analysis.primary
+        if primary.regime not in self.regimes:
+            raise ValueError(f"analysis.primary.regime: {primary.regime!r} not among {list(self.regimes)}")
+        if primary.policy not in self.control.policies:
+            raise ValueError(f"analysis.primary.policy: {primary.policy!r} not among {self.control.policies}")
         if vllm.draws > self.schedules.random_draws:
             raise ValueError(f"replay.vllm.draws ({vllm.draws}) must be <= schedules.random_draws ({self.schedules.random_draws})")
         return self
@@ -433,6 +479,30 @@ def parse_params(raw: Any, source: str = "params.yaml") -> Params:
         raise ConfigError(_format_error(source, err)) from None
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a mapping key given twice (PyYAML keeps the last one silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise ConfigError(f"duplicate key {key!r} (line {key_node.start_mark.line + 1}): "
+                                  "each key may be given once")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_yaml(text: str, source: str) -> Any:
+    """Parse YAML text with duplicate keys refused; raise ConfigError naming `source`."""
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {err}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{source}: not valid YAML: {err}") from None
+
+
 def load_params(path: str | Path = "params.yaml") -> Params:
     """Read and validate params.yaml."""
     path = Path(path)
@@ -440,8 +510,4 @@ def load_params(path: str | Path = "params.yaml") -> Params:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{path}: file not found") from None
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from None
-    return parse_params(raw, str(path))
+    return parse_params(read_yaml(text, str(path)), str(path))

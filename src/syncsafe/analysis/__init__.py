@@ -16,10 +16,12 @@ and figure out). The pieces, each in its own module:
 
 from syncsafe.analysis.analyze import AnalysisResult, analyze_runs
 from syncsafe.analysis.runs_table import RunsTable, RunsTableError, load_runs_table
-from syncsafe.analysis.verdicts import MechanismEvidence, RegimeMechanism, Tier, Verdict
+from syncsafe.analysis.evidence import FidelityEvidence, MechanismEvidence, RegimeMechanism
+from syncsafe.analysis.verdicts import Tier, Verdict
 
 __all__ = [
     "AnalysisResult",
+    "FidelityEvidence",
     "MechanismEvidence",
     "RegimeMechanism",
     "RunsTable",

@@ -25,16 +25,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field
 
+from syncsafe.analysis.evidence import MechanismEvidence, RegimeMechanism
 from syncsafe.analysis.runs_table import FIXED_H, MATCHED_RANDOM, NO_SYNC, OFFLINE_BOUND, is_controller
 
 DEFAULT_ALPHA = 0.05
-DEFAULT_SYNC_RATIO_THRESHOLD = 1.05
 
 
 class Tier(StrEnum):
@@ -56,63 +54,6 @@ REFERENCE_REASONS = {
     MATCHED_RANDOM: "matched-random draws: the envelope controllers are tested against; not a claim",
     OFFLINE_BOUND: "offline oracle placement with full knowledge of the load: headroom, not deployable; not a claim",
 }
-
-
-class RegimeMechanism(BaseModel):
-    """Real-backend measurement of the merge mechanism in one regime."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    sync_ratio: float = Field(gt=0, description="real p95 latency while a merge is active / inactive")
-    pressure_ratio: float = Field(gt=0, description="real p95 latency under high / low fleet pressure")
-    backend: Literal["vllm"] = "vllm"
-    n_requests: int | None = Field(default=None, ge=0, description="real requests behind the ratios")
-    drift_ratio: float | None = Field(
-        default=None, gt=0,
-        description="control: p95 of requests done before any merge / the same requests in the no-sync replay "
-                    "(about 1 when the server behaved alike across replays)",
-    )
-
-
-class MechanismEvidence(BaseModel):
-    """Per-regime effect-size transfer, measured on the real serving backend."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    regimes: dict[str, RegimeMechanism]
-    sync_ratio_threshold: float = Field(default=DEFAULT_SYNC_RATIO_THRESHOLD, ge=1.0)
-    #: A measurement whose pre-merge control drifts beyond this factor (either way) licenses nothing.
-    max_drift: float = Field(default=1.25, ge=1.0)
-
-    @classmethod
-    def read(cls, path: str | Path) -> MechanismEvidence:
-        """Load from a JSON file with this model's fields."""
-        return cls.model_validate_json(Path(path).read_text(encoding="utf-8"))
-
-    def drifted(self, regime: str) -> bool:
-        """True when the regime's pre-merge control shows the server itself changed between replays."""
-        measured = self.regimes.get(regime)
-        drift = measured.drift_ratio if measured is not None else None
-        return drift is not None and not 1.0 / self.max_drift <= drift <= self.max_drift
-
-    def shows(self, regime: str) -> bool:
-        """True when the regime's real sync ratio exceeds the threshold and its control did not drift."""
-        measured = self.regimes.get(regime)
-        return measured is not None and measured.sync_ratio > self.sync_ratio_threshold and not self.drifted(regime)
-
-    def describe(self, regime: str) -> str:
-        measured = self.regimes.get(regime)
-        if measured is None:
-            return f"no real-backend (vllm) mechanism measurement for regime {regime!r}"
-        relation = ">" if measured.sync_ratio > self.sync_ratio_threshold else "<="
-        text = (
-            f"vllm sync ratio {measured.sync_ratio:.3g} {relation} {self.sync_ratio_threshold:.3g}, "
-            f"pressure ratio {measured.pressure_ratio:.3g}"
-        )
-        if measured.drift_ratio is not None:
-            verdict = "drifted: measurement not trusted" if self.drifted(regime) else "within"
-            text += f", pre-merge control {measured.drift_ratio:.3g} ({verdict} ×{self.max_drift:.3g})"
-        return text
 
 
 @dataclass(frozen=True)
