@@ -40,7 +40,7 @@ def main() -> None:
         model = build_untrained_model(params, Path(tmp))
         vocab = json.loads((model / "config.json").read_text())["vocab_size"]
         started = time.perf_counter()
-        with VllmServer(resolve_python(cfg.python), model, "bench", cfg.port, Path(tmp) / "server.log",
+        with VllmServer(resolve_python(cfg.python), model, Path(tmp) / "server.log",
                         cfg.server_args, cfg.startup_timeout_s, cache_dir=Path("models/vllm-cache").resolve()) as server:
             print(f"server healthy after {time.perf_counter() - started:.0f} s")
             print(f"{'rate/s':>7s} {'requests':>8s} {'lag p50 ms':>10s} {'lag p99 ms':>10s} {'lag max ms':>10s} {'e2e p95 ms':>10s}")
@@ -50,7 +50,7 @@ def main() -> None:
                 requests = pd.DataFrame({"arrival_s": np.sort(rng.uniform(0, args.seconds, n)),
                                          "prompt_tokens": 48, "output_tokens": 24})
                 start = time.time() + 1.0
-                raw = replay_requests(server.base_url, "bench", requests, start, 1.0, vocab, seed=0)
+                raw = replay_requests(server.base_url, server.served_name, requests, start, 1.0, vocab, seed=0)
                 lag = (raw["send_epoch"] - raw["scheduled_epoch"]) * 1000.0
                 print(f"{rate:7.0f} {n:8d} {lag.median():10.2f} {lag.quantile(0.99):10.2f} {lag.max():10.2f} "
                       f"{raw['e2e_ms'].quantile(0.95):10.0f}")

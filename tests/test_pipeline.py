@@ -98,7 +98,7 @@ def test_dvc_repro_in_a_fresh_copy_then_nothing_to_do(tmp_path, repo_root, raw_p
     raw_params["train"].update({"corpus_bytes": 300_000, "eval_batches": 2})
     # the real vLLM server, briefly: 60 trace seconds at 4x (fixed_h merges at 40 s), one controller, one draw
     raw_params["replay"]["vllm"].update({"python": str(repo_root / ".venv-vllm" / "bin" / "python"),
-                                         "policies": ["fixed_h"], "draws": 1, "max_trace_s": 60, "port": 8233})
+                                         "policies": ["fixed_h"], "draws": 1, "max_trace_s": 60})
     (project / "params.yaml").write_text(yaml.safe_dump(raw_params))
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     run = lambda *a: subprocess.run(a, cwd=project, env=env, capture_output=True, text=True, timeout=1500)  # noqa: E731

@@ -35,7 +35,7 @@ def make_project(root: Path, port: int) -> Path:
     raw["schedules"].update({"random_draws": 1, "source": "harness"})
     raw["train"]["corpus_bytes"] = 300_000
     raw["replay"]["vllm"].update({"python": str(VLLM_PYTHON), "policies": ["fixed_h"], "draws": 1, "time_scale": 4.0,
-                                  "max_trace_s": 60, "port": port, "startup_timeout_s": 600})
+                                  "max_trace_s": 60, "startup_timeout_s": 600})
     root.mkdir(parents=True, exist_ok=True)
     path = root / "params.yaml"
     path.write_text(yaml.safe_dump(raw))

@@ -1,7 +1,9 @@
 """The `syncsafe` command: one subcommand per pipeline stage, plus views.
 
 Every command validates params.yaml first; a bad key stops it with one line
-naming the key and exit code 2, before anything is written.
+naming the key and exit code 2, before anything is written. Exit codes: 0 done,
+1 a run failed (a server or process died), 2 bad input (`syncsafe.errors.BadInput`:
+params, arguments, input files), 3 a lost island.
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, TypeVar
 
+import click
 import typer
 
 from syncsafe.config import ConfigError, Params, load_params
+from syncsafe.errors import EXIT_BAD_INPUT, EXIT_FAILED, BadInput
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 schedules_app = typer.Typer(help="Merge schedules: bare `syncsafe schedules` shows the summary view.")
@@ -30,18 +34,24 @@ F = TypeVar("F", bound=Callable[..., object])
 
 
 def _fails_cleanly(fn: F) -> F:
-    """Turn the library's input errors into one clear line on stderr and a non-zero exit."""
+    """Turn the library's errors into one clear line on stderr and the documented exit code.
+
+    BadInput -> 2; an error carrying its own `exit_code` (IslandLost -> 3) -> that code;
+    any other failed run -> 1. Click's own exits (typer.Exit) pass through unchanged.
+    """
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except ConfigError as err:
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+            raise
+        except BadInput as err:
             typer.echo(f"error: {err}", err=True)
-            raise typer.Exit(2) from None
-        except (ValueError, FileNotFoundError, RuntimeError) as err:
+            raise typer.Exit(EXIT_BAD_INPUT) from None
+        except (ValueError, OSError, RuntimeError) as err:
             typer.echo(f"error: {err}", err=True)
-            raise typer.Exit(1) from None
+            raise typer.Exit(getattr(err, "exit_code", EXIT_FAILED)) from None
 
     return wrapper  # type: ignore[return-value]
 
@@ -79,7 +89,7 @@ def train(
     root: RootOpt = Path("."),
 ) -> None:
     """Stage train: DiLoCo islands as processes, merges gated by each policy, per regime x policy x seed."""
-    from syncsafe.diloco.launch import IslandLost, train_regime
+    from syncsafe.diloco.launch import train_regime
     from syncsafe.tracking import section_params, stage_run
     from syncsafe.tracking.stages import train_runs
 
@@ -87,15 +97,14 @@ def train(
     for name in policy or []:
         if name not in p.control.policies:
             raise ConfigError(f"--policy {name!r}: not in control.policies ({p.control.policies})")
+    for value in seed or []:
+        if value not in p.seeds:
+            raise ConfigError(f"--seed {value}: not in seeds ({p.seeds})")
     for name in _regimes(p, regime):
         section = section_params(p, ["profile", "seeds", "merge", "control", "train", f"regimes.{name}"])
         with stage_run("train", root=root, params_section=section, profile=p.profile, regime=name,
                        system_metrics=True) as tracker:
-            try:
-                dirs = train_regime(p, params, name, root, resume=resume, policies=policy, seeds=seed)
-            except IslandLost as err:
-                typer.echo(f"error: {err}", err=True)
-                raise typer.Exit(3) from None
+            dirs = train_regime(p, params, name, root, resume=resume, policies=policy, seeds=seed)
             tracker.extend(train_runs(p, name, dirs))
         typer.echo(f"train {name}: {len(dirs)} runs in {Path(root) / 'runs' / 'train' / name}")
 
@@ -187,7 +196,7 @@ def replay_run(
                 tracker.extend(replay_runs("simulator", index, root))
             typer.echo(f"replay simulator {name}: {len(index)} replays")
     elif backend == "vllm":
-        from syncsafe.serving.vllm_replay import replay_vllm
+        from syncsafe.serving.vllm_replay import replay_vllm, server_log_path
 
         if regime:
             raise ConfigError("--regime does not apply to --backend vllm (replay.vllm.regimes chooses)")
@@ -195,6 +204,8 @@ def replay_run(
                        system_metrics=True) as tracker:
             index = replay_vllm(p, root)
             tracker.extend(replay_runs("vllm", index, root))
+            if server_log_path(root).is_file():
+                tracker.log_artifact(server_log_path(root))
         typer.echo(f"replay vllm: {len(index)} replays")
     else:
         raise ConfigError(f"--backend {backend!r}: expected simulator or vllm")
@@ -318,7 +329,7 @@ def compare(
     from syncsafe.tracking import TrackingError, compare_table, render_table
 
     if fmt not in ("md", "csv"):
-        raise ValueError(f"--format {fmt!r}: expected md or csv")
+        raise BadInput(f"--format {fmt!r}: expected md or csv")
     try:
         table = compare_table(regime, metric, stage=stage, pipeline_run=pipeline_run, root=root)
     except TrackingError as err:
@@ -338,10 +349,14 @@ def profile(
     import yaml
 
     from syncsafe import io
-    from syncsafe.config import parse_params
+    from syncsafe.config import parse_params, read_yaml
     from syncsafe.profiles import apply_profile
 
-    raw = apply_profile(yaml.safe_load(Path(params).read_text(encoding="utf-8")), name)
+    try:
+        text = Path(params).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{params}: file not found") from None
+    raw = apply_profile(read_yaml(text, str(params)), name)
     parse_params(raw, f"{params} + profile {name}")
     io.write_text(out, yaml.safe_dump(raw, sort_keys=False))
     typer.echo(f"{out}: profile {name}")

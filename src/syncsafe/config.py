@@ -34,6 +34,11 @@ CONTROLLER_POLICIES = (
 )
 
 
+#: vLLM server arguments its identity depends on (loopback bind, free port, random
+#: served name): the replay sets them, params and DAGs may not.
+RESERVED_SERVER_ARGS = ("--host", "--port", "--served-model-name", "--uds")
+
+
 class ConfigError(BadInput):
     """params.yaml is missing, malformed or describes an impossible run."""
 
@@ -315,7 +320,6 @@ class VllmReplay(_Strict):
     time_scale: PositiveFloat = 4.0
     #: Replay only the first this-many trace seconds of each schedule.
     max_trace_s: PositiveFloat = 240.0
-    port: Annotated[int, Field(ge=1024, le=65535)] = 8123
     startup_timeout_s: PositiveFloat = 900.0
     request_timeout_s: PositiveFloat = 120.0
     #: In-flight cap of the load generator; waits it causes are recorded per request.
@@ -331,6 +335,19 @@ class VllmReplay(_Strict):
     interference: Literal["merge", "stress"] = "merge"
     interference_workers: Annotated[int, Field(ge=1)] = 2
     scrape_interval_s: PositiveFloat = 0.5
+    #: A replay with a larger share of failed requests is marked invalid (`valid: false`) and licenses nothing.
+    max_failure_rate: Fraction = 0.02
+    #: A replay whose send lag p99 (actual send after scheduled arrival) passes this is marked invalid.
+    max_send_lag_p99_ms: PositiveFloat = 1000.0
+
+    @model_validator(mode="after")
+    def _server_identity_is_ours(self) -> VllmReplay:
+        for arg in self.server_args:
+            flag = arg.split("=", 1)[0]
+            if flag in RESERVED_SERVER_ARGS:
+                raise ValueError(f"server_args: {flag} is not allowed (the server binds to 127.0.0.1 on a free "
+                                 "port with a random served-model name chosen per start)")
+        return self
 
 
 class ReplayConfig(_Strict):

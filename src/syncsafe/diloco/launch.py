@@ -26,13 +26,16 @@ from tqdm import tqdm
 from syncsafe.config import Params
 from syncsafe.diloco.resources import prepare_tokenizer
 from syncsafe.diloco.run import TRAIN_DIR, is_complete, train_dir
-from syncsafe.procs import free_port, log_tail
+from syncsafe.errors import EXIT_ISLAND_LOST
+from syncsafe.procs import LOOPBACK_ENV, free_port, log_tail
 
 GRACE_S = 10.0
 
 
 class IslandLost(RuntimeError):
-    """An island process died and the configuration says fail."""
+    """An island process died and the configuration says fail (the CLI exits 3)."""
+
+    exit_code = EXIT_ISLAND_LOST
 
 
 @dataclass
@@ -69,8 +72,8 @@ def _launch(params_path: Path, regime: str, root: Path, island_ids: list[int], r
         cmd.append("--resume")
     procs: list[tuple[int, subprocess.Popen, Path]] = []
     for rank, island in enumerate(island_ids):
-        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(len(island_ids)),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+        env = {**os.environ, **LOOPBACK_ENV, "RANK": str(rank), "LOCAL_RANK": str(rank),
+               "WORLD_SIZE": str(len(island_ids)), "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
         env.pop("SYNCSAFE_FAULT", None)
         if fault:
             env["SYNCSAFE_FAULT"] = fault

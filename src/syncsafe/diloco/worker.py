@@ -28,6 +28,7 @@ from syncsafe.config import Params, load_params
 from syncsafe.diloco.islands import Fault
 from syncsafe.diloco.resources import cpu_resources, gpu_resources
 from syncsafe.diloco.run import World, is_complete, train_dir, train_run
+from syncsafe.procs import LOOPBACK, loopback_store
 
 
 def _world(params: Params, island_ids: list[int] | None) -> World:
@@ -58,8 +59,13 @@ def main(argv: list[str] | None = None) -> int:
     world = _world(params, args.island_ids)
     torch.set_num_threads(params.train.torch_threads)
     backend = "nccl" if params.profile == "gpu" else "gloo"
-    dist.init_process_group(backend, init_method="env://", rank=world.rank, world_size=world.world_size,
-                            timeout=timedelta(seconds=params.train.collective_timeout_s))
+    timeout = timedelta(seconds=params.train.collective_timeout_s)
+    if os.environ.get("MASTER_ADDR") == LOOPBACK:  # one machine: the store listens on loopback only
+        store = loopback_store(world.rank, world.world_size, int(os.environ["MASTER_PORT"]), timeout)
+        dist.init_process_group(backend, store=store, rank=world.rank, world_size=world.world_size, timeout=timeout)
+    else:  # across nodes (torchrun): the rendezvous address torchrun gives
+        dist.init_process_group(backend, init_method="env://", rank=world.rank, world_size=world.world_size,
+                                timeout=timeout)
     try:
         res = gpu_resources(params, world) if params.profile == "gpu" else cpu_resources(params, args.root, world)
         fault = Fault.from_env()

@@ -20,13 +20,16 @@ broadcasts it, so all workers leave the window after the same all-reduce.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import queue
+import shutil
+import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Literal
 
-from syncsafe.procs import free_port
+from syncsafe.procs import LOOPBACK_ENV, die_with_parent, free_port, loopback_store
 
 Mode = Literal["merge", "stress"]
 
@@ -36,14 +39,17 @@ class InterferenceError(RuntimeError):
 
 
 def _worker(rank: int, world: int, port: int, mode: Mode, numel: int, scratch: str,
-            commands: mp.Queue, results: mp.Queue) -> None:
+            commands: mp.Queue, results: mp.Queue, parent: int) -> None:
+    die_with_parent(parent)  # a killed stage leaves no worker behind
+    os.environ.update(LOOPBACK_ENV)  # gloo binds to loopback: nothing listens beyond this machine
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     if mode == "merge":
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=120))
+        timeout = timedelta(seconds=120)
+        dist.init_process_group("gloo", store=loopback_store(rank, world, port, timeout), rank=rank,
+                                world_size=world, timeout=timeout)
     generator = torch.Generator().manual_seed(rank)
     pseudo_gradient = torch.randn(numel, generator=generator)
     weights = torch.zeros(numel)
@@ -83,11 +89,14 @@ def _worker(rank: int, world: int, port: int, mode: Mode, numel: int, scratch: s
 class MergeInterference:
     """Worker processes that run merge work during the windows they are given."""
 
-    def __init__(self, mode: Mode, workers: int, payload_numel: int, scratch_dir: Path) -> None:
+    def __init__(self, mode: Mode, workers: int, payload_numel: int, scratch_dir: Path | None = None) -> None:
+        """`scratch_dir`: where merge checkpoints are written; None = a temporary directory
+        outside every stage output, removed on exit."""
         self.mode = mode
         self.world = workers
         self.numel = payload_numel
-        self.scratch = Path(scratch_dir)
+        self._own_scratch = scratch_dir is None
+        self.scratch = Path(tempfile.mkdtemp(prefix="syncsafe-merge-")) if scratch_dir is None else Path(scratch_dir)
         self._procs: list[mp.Process] = []
         self._commands: list[mp.Queue] = []
         self._results: mp.Queue | None = None
@@ -100,7 +109,7 @@ class MergeInterference:
         for rank in range(self.world):
             q = ctx.Queue()
             p = ctx.Process(target=_worker, args=(rank, self.world, port, self.mode, self.numel, str(self.scratch),
-                                                  q, self._results), daemon=True)
+                                                  q, self._results, os.getpid()), daemon=True)
             p.start()
             self._procs.append(p)
             self._commands.append(q)
@@ -136,3 +145,5 @@ class MergeInterference:
             if p.is_alive():
                 p.kill()
                 p.join()
+        if self._own_scratch:
+            shutil.rmtree(self.scratch, ignore_errors=True)

@@ -48,6 +48,7 @@ GAUGES = {
     "vllm:kv_cache_usage_perc": "kv_cache_usage",
 }
 LEAD_S = 2.0
+SERVER_LOG = Path("logs") / "replay-vllm" / "server.log"
 
 
 def parse_gauges(text: str) -> dict[str, float]:
@@ -95,6 +96,11 @@ class MetricsScraper:
 
     def frame(self) -> pd.DataFrame:
         return pd.DataFrame(self.rows, columns=["t_s", *GAUGES.values()])
+
+
+def server_log_path(root: Path) -> Path:
+    """The vLLM server's log: under logs/ (gitignored), outside every stage output; tracked as an MLflow artifact."""
+    return Path(root) / SERVER_LOG
 
 
 def vllm_policies(params: Params) -> list[str]:
@@ -157,12 +163,11 @@ def replay_vllm(params: Params, root: Path = Path(".")) -> pd.DataFrame:
     model = served_model(params, root)
     vocab, numel = _model_facts(model)
     out_root = set_dir(root, "vllm")
-    server = VllmServer(resolve_python(cfg.python), model,
-                        "syncsafe", cfg.port, out_root / "server.log", cfg.server_args, cfg.startup_timeout_s,
-                        cache_dir=Path(root).resolve() / "models" / "vllm-cache")
+    server = VllmServer(resolve_python(cfg.python), model, server_log_path(root), cfg.server_args,
+                        cfg.startup_timeout_s, cache_dir=Path(root).resolve() / "models" / "vllm-cache")
     rows: list[dict] = []
     warmed = cfg.warmup_s == 0
-    with server, MergeInterference(cfg.interference, cfg.interference_workers, numel, out_root / ".scratch") as work, \
+    with server, MergeInterference(cfg.interference, cfg.interference_workers, numel) as work, \
             tqdm(total=len(chosen), desc="replay vllm", unit="replay", leave=False) as bar:
         for regime, by_regime in chosen.groupby("regime", sort=False):
             for seed, schedules in seed_schedules(root, by_regime):
@@ -171,7 +176,7 @@ def replay_vllm(params: Params, root: Path = Path(".")) -> pd.DataFrame:
                 timeline = load_timeline(root, regime, seed)
                 if not warmed:  # first requests hit cold code paths; keep them out of every measurement
                     warmup = requests[requests["arrival_s"] < cfg.warmup_s]
-                    replay_requests(server.base_url, "syncsafe", warmup, time.time() + 0.5, cfg.time_scale, vocab, seed,
+                    replay_requests(server.base_url, server.served_name, warmup, time.time() + 0.5, cfg.time_scale, vocab, seed,
                                     cfg.max_in_flight, cfg.request_timeout_s)
                     warmed = True
                 slo = None
@@ -181,7 +186,7 @@ def replay_vllm(params: Params, root: Path = Path(".")) -> pd.DataFrame:
                     windows = wall_windows(schedule, start, cfg.time_scale, cfg.max_trace_s)
                     work.submit(windows)
                     with MetricsScraper(server.base_url, cfg.scrape_interval_s, start, cfg.time_scale) as scraper:
-                        raw = replay_requests(server.base_url, "syncsafe", requests, start, cfg.time_scale, vocab,
+                        raw = replay_requests(server.base_url, server.served_name, requests, start, cfg.time_scale, vocab,
                                               seed, cfg.max_in_flight, cfg.request_timeout_s)
                     worked = work.collect(timeout_s=cfg.request_timeout_s + cfg.max_trace_s / cfg.time_scale)
                     server.check_alive()  # a server that died mid-replay leaves no summary

