@@ -19,6 +19,8 @@ def small_raw_params() -> dict:
     raw["seeds"] = [0, 1]
     for regime in raw["regimes"].values():
         regime["duration_s"] = 240
+        if regime["kind"] == "trace":  # shipped trace files, wherever pytest runs from
+            regime["path"] = str(REPO / regime["path"])
     raw["schedules"]["random_draws"] = 3
     raw["schedules"]["source"] = "harness"  # training has its own tests
     return raw

@@ -15,9 +15,12 @@ from syncsafe.config import ConfigError, load_params, parse_params
 def test_shipped_params_are_valid(repo_root):
     p = load_params(repo_root / "params.yaml")
     assert p.profile == "cpu"
-    assert set(p.regimes) == {"bursty", "steady", "pressure_heavy"}
+    assert set(p.regimes) == {"bursty", "steady", "pressure_heavy", "azure_conv"}
     bursty = p.regimes["bursty"]
     assert (bursty.period_s, bursty.window_s) == (120, 30)
+    azure = p.regimes["azure_conv"]
+    assert (azure.kind, azure.format, azure.duration_s, azure.segment_stride_s) == ("trace", "azure", 600, 300)
+    assert (repo_root / azure.path).is_file()
 
 
 def _mutate(raw: dict, dotted: str, value) -> dict:

@@ -33,7 +33,7 @@ def test_schedule_index_contract(built, params):
     index = pd.read_csv(built / "runs" / "schedules" / "index.csv")
     assert list(index.columns) == INDEX_COLUMNS
     n_seeds, n_pol, draws = len(params.seeds), len(CONTROLLER_POLICIES), params.schedules.random_draws
-    assert len(index) == 3 * n_seeds * (1 + n_pol * (2 + draws))
+    assert len(index) == len(params.regimes) * n_seeds * (1 + n_pol * (2 + draws))
     assert set(index["source"]) == {"harness", "matched_random", "no_sync", "offline_bound"}
     assert index.loc[index["source"] == "matched_random", "draw"].notna().all()
     assert index.loc[index["source"] != "matched_random", "draw"].isna().all()
@@ -78,7 +78,7 @@ def test_import_trace_command(tmp_path, cli):
     assert "2 requests" in cli("import-trace", "burstgpt", str(src), "--out", str(out))
     assert pd.read_parquet(out)["arrival_s"].tolist() == [0.0, 6.0]
     bad = CliRunner().invoke(app, ["import-trace", "azure", str(src), "--out", str(tmp_path / "x.parquet")])
-    assert bad.exit_code == 1 and "TIMESTAMP" in bad.output and not (tmp_path / "x.parquet").exists()
+    assert bad.exit_code == 2 and "TIMESTAMP" in bad.output and not (tmp_path / "x.parquet").exists()
 
 
 @pytest.mark.slow

@@ -84,8 +84,8 @@ def test_azure_import(tmp_path):
     path = tmp_path / "azure.csv"
     path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
                     "2023-11-16 18:15:46.6805900,374,44\n"
-                    "2023-11-16 18:15:50.9951690,396,109\n"
-                    "2023-11-16 18:15:47.0000000,879,20\n")
+                    "2023-11-16 18:15:47.0000000,879,20\n"
+                    "2023-11-16 18:15:50.9951690,396,109\n")
     req = import_trace("azure", path)
     assert tuple(req.columns) == REQUEST_COLUMNS
     assert req["arrival_s"].tolist() == pytest.approx([0.0, 0.31941, 4.314579])
@@ -117,9 +117,9 @@ def test_mooncake_import_converts_ms(tmp_path):
     ("fmt", "name", "content", "message"),
     [
         ("azure", "a.csv", "timestamp,ContextTokens,GeneratedTokens\n1,2,3\n", r"missing column\(s\) \['TIMESTAMP'\]"),
-        ("azure", "a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,2,3\n", "TIMESTAMP is not a date-time"),
+        ("azure", "a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,2,3\n", "'TIMESTAMP' row 0: not a finite time"),
         ("burstgpt", "b.csv", "Timestamp,Request_tokens,Response tokens\n1,2,3\n", r"missing column\(s\) \['Request tokens'\]"),
-        ("burstgpt", "b.csv", "Timestamp,Request tokens,Response tokens\n1,x,3\n", "Request tokens|prompt_tokens is not a number"),
+        ("burstgpt", "b.csv", "Timestamp,Request tokens,Response tokens\n1,x,3\n", "'Request tokens' row 0: token count is not a number"),
         ("mooncake", "m.jsonl", '{"timestamp": 1, "input_len": 2, "output_length": 3}\n', r"missing column\(s\) \['input_length'\]"),
         ("mooncake", "m.jsonl", "not json\n", "cannot read as JSON lines"),
         ("sharegpt", "s.csv", "a\n1\n", "unknown trace format"),

@@ -127,7 +127,38 @@ class PressureHeavyRegime(_RegimeBase):
     network_base: Fraction = 0.6
 
 
-Regime = Annotated[BurstyRegime | SteadyRegime | PressureHeavyRegime, Field(discriminator="kind")]
+class TraceRegime(_RegimeBase):
+    """Segments of a recorded request trace: seed s replays [offset_s + s * stride_s, + duration_s).
+
+    Rules (syncsafe.traces.trace_regime): arrivals re-based to 0; `rate_scale`
+    thins (< 1) or replicates (> 1) requests, seeded; token counts clipped to the
+    served model's context; the load timeline derived from the segment's own
+    arrivals (trailing `smooth_s` token load against levels of the whole trace).
+    """
+
+    kind: Literal["trace"]
+    #: CSV/JSONL/Parquet file; a relative path is read from the directory the stage runs in (the project root).
+    path: str
+    format: Literal["azure", "burstgpt", "mooncake", "requests"] = "requests"
+    #: Trace second where seed 0's segment starts.
+    offset_s: Annotated[float, Field(ge=0)] = 0.0
+    #: Seed s starts at offset_s + s * stride_s; null = duration_s (segments side by side).
+    stride_s: PositiveFloat | None = None
+    #: Arrival-rate multiplier to fit the served model.
+    rate_scale: PositiveFloat = 1.0
+    #: Trailing window (s) over which the token load is averaged.
+    smooth_s: PositiveFloat = 30.0
+    #: busy where the smoothed token load exceeds this quantile of the whole trace's.
+    busy_quantile: Annotated[float, Field(gt=0, lt=1)] = 0.75
+    #: inference_pressure = smoothed token load / this quantile of the whole trace's (capped at 1).
+    pressure_quantile: Annotated[float, Field(gt=0, le=1)] = 0.99
+
+    @property
+    def segment_stride_s(self) -> float:
+        return self.duration_s if self.stride_s is None else self.stride_s
+
+
+Regime = Annotated[BurstyRegime | SteadyRegime | PressureHeavyRegime | TraceRegime, Field(discriminator="kind")]
 
 
 # --------------------------------------------------------------------------- control

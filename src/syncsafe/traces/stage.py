@@ -1,4 +1,10 @@
-"""The traces stage: timeline and request list per regime and seed."""
+"""The traces stage: timeline and request list per regime and seed.
+
+Synthetic regimes are generated; `kind: trace` regimes are cut from a recorded
+trace (`syncsafe.traces.trace_regime`) and also get `trace.json` per seed
+(segment bounds, token limit, number of requests clipped). Every seed is
+computed before the first file is written, so a bad trace writes nothing.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +13,13 @@ from pathlib import Path
 import pandas as pd
 
 from syncsafe import io
-from syncsafe.config import Params
+from syncsafe.config import Params, TraceRegime
 from syncsafe.traces.requests import generate_requests
 from syncsafe.traces.timeline import generate_timeline, regime_rng
+from syncsafe.traces.trace_regime import build_trace_sets
+
+#: Per-seed description of a trace regime's segment (beside timeline.parquet).
+TRACE_INFO = "trace.json"
 
 
 def trace_dir(root: Path, regime: str, seed: int) -> Path:
@@ -28,6 +38,13 @@ def build_traces(params: Params, regime: str, root: Path = Path(".")) -> list[Pa
     cfg = params.regimes[regime]
     step = params.traces.step_s
     written = []
+    if isinstance(cfg, TraceRegime):
+        for seed, cut in build_trace_sets(params, regime).items():
+            out = trace_dir(root, regime, seed)
+            written += [io.write_parquet(out / "timeline.parquet", cut.timeline),
+                        io.write_parquet(out / "requests.parquet", cut.requests),
+                        io.write_json(out / TRACE_INFO, cut.info)]
+        return written
     for seed in params.seeds:
         timeline = generate_timeline(regime, cfg, step, seed)
         requests = generate_requests(timeline, params.traces.requests, step, regime_rng(regime, seed, "requests"))

@@ -15,7 +15,7 @@ import zlib
 import numpy as np
 import pandas as pd
 
-from syncsafe.config import BurstyRegime, PressureHeavyRegime, SteadyRegime
+from syncsafe.config import BurstyRegime, PressureHeavyRegime, SteadyRegime, TraceRegime
 
 TIMELINE_COLUMNS = (
     "t_s",
@@ -36,7 +36,9 @@ def regime_rng(regime: str, seed: int, stream: str) -> np.random.Generator:
 
 
 def generate_timeline(name: str, regime: RegimeConfig, step_s: float, seed: int) -> pd.DataFrame:
-    """Build the load timeline of regime `name` for `seed`."""
+    """Build the load timeline of synthetic regime `name` for `seed` (trace regimes: `trace_regime`)."""
+    if isinstance(regime, TraceRegime):
+        raise TypeError(f"regime {name!r} is a trace regime: its timeline comes from syncsafe.traces.trace_regime")
     t = np.arange(round(regime.duration_s / step_s)) * step_s
     rng = regime_rng(name, seed, "timeline")
     if isinstance(regime, BurstyRegime):
@@ -48,7 +50,7 @@ def generate_timeline(name: str, regime: RegimeConfig, step_s: float, seed: int)
     peak = _peak_rate(regime)
     inference = np.clip(rate / peak + rng.normal(0.0, 0.03, t.size), 0.0, 1.0)
     network = np.clip(regime.network_base + 0.25 * busy + rng.normal(0.0, 0.03, t.size), 0.0, 1.0)
-    checkpoint = _checkpoint_pressure(regime, t, step_s, rng)
+    checkpoint = checkpoint_pressure(regime, t, step_s, rng)
     return pd.DataFrame(
         {
             "t_s": t,
@@ -97,7 +99,7 @@ def _pressure_heavy(
     return busy, np.maximum(rate, 0.0)
 
 
-def _checkpoint_pressure(regime: RegimeConfig, t: np.ndarray, step_s: float, rng: np.random.Generator) -> np.ndarray:
+def checkpoint_pressure(regime: RegimeConfig | TraceRegime, t: np.ndarray, step_s: float, rng: np.random.Generator) -> np.ndarray:
     """Other jobs' checkpoint writes: Poisson-timed plateaus of storage pressure."""
     active = _poisson_episodes(t, step_s, regime.checkpoints_per_hour, regime.checkpoint_s, rng)
     return np.where(active, 0.8, 0.05)
