@@ -45,6 +45,7 @@ from syncsafe.tracking.settings import (
     tracking_enabled,
     tracking_uri,
 )
+from syncsafe.tracking.store_lock import LockedClient, file_lock
 
 if TYPE_CHECKING:  # pragma: no cover
     from mlflow import MlflowClient
@@ -131,16 +132,19 @@ def _tag(value: Any) -> str:
 
 
 class _Store:
-    """An MlflowClient bound to one URI and the pipeline's experiment."""
+    """An MlflowClient bound to one URI and the pipeline's experiment.
+
+    On a SQLite store every client call holds the store's lock file and is
+    retried while the database is locked (:mod:`syncsafe.tracking.store_lock`),
+    so parallel stage processes on one machine lose no run.
+    """
 
     def __init__(self, uri: str, root: Path, experiment: str) -> None:
         self.uri = uri
         self.root = root
         self.experiment = experiment
         _preflight(uri)
-        from mlflow import MlflowClient
-
-        self.client: MlflowClient = MlflowClient(tracking_uri=uri)
+        self.client: MlflowClient = LockedClient(uri)  # type: ignore[assignment] - same methods
         self.experiment_id = self._experiment_id()
 
     def _experiment_id(self) -> str:
@@ -269,36 +273,14 @@ def _host_lock(uri: str, experiment: str, timeout_s: float = 60.0) -> Iterator[N
     For a SQLite store it lies in the artifact folder beside the database
     (``mlartifacts/.<experiment>.lock``), else in the temp dir.
     """
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not POSIX
-        yield
-        return
     db = sqlite_path(uri)
     if db is not None:
         path = db.resolve().parent / ARTIFACTS_DIR / f".{_safe_name(experiment)}.lock"
     else:
         digest = hashlib.sha1(f"{uri}\0{experiment}".encode()).hexdigest()[:16]
         path = Path(tempfile.gettempdir()) / f"syncsafe-mlflow-{digest}.lock"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    except OSError:
+    with file_lock(path, timeout_s):  # a holder stuck on a dead store must not block this stage for ever
         yield
-        return
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:  # a holder stuck on a dead store must not block this stage for ever
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    break
-                time.sleep(0.05)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
 
 
 def _now_ms() -> int:
