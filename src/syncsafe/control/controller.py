@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
+from syncsafe.control.clock import TRACE_CLOCK, Clock
 from syncsafe.control.policies import Policy
 from syncsafe.control.signals import TimelineSignals
 from syncsafe.control.types import ClockState, LearnerReport
@@ -91,11 +92,14 @@ def run_controller(
     plan: ControlPlan,
     state: ControlResult | None = None,
     on_merge: Callable[[ControlResult], None] | None = None,
+    timebase: Clock = TRACE_CLOCK,
 ) -> ControlResult:
     """Drive `learners` through the trace, asking `policy` every cycle.
 
     `state` resumes a run (the policy must be restored alongside it);
     `on_merge(state)` is called after every merge, e.g. to checkpoint.
+    `timebase` is reached before every decision: trace time (default) or the
+    wall clock of a live run (`syncsafe.control.clock`).
     """
     result = state if state is not None else ControlResult()
     while result.t_s + plan.cycle_s <= plan.duration_s + 1e-9:
@@ -105,6 +109,7 @@ def run_controller(
         result.step += plan.min_h
         result.steps_since_merge += plan.min_h
         t, since = result.t_s, result.steps_since_merge
+        timebase.reach(t)
         policy.observe(signals.between(last_seen, t))
         now = signals.at(t)
         clock = ClockState(t_s=t, step=result.step, steps_since_merge=since, min_h=plan.min_h, max_h=plan.max_h,

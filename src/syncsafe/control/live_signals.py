@@ -1,0 +1,224 @@
+"""Fleet signals on the wall clock: a live server's Prometheus `/metrics` as `FleetSignals`.
+
+The only piece between the policies and a real serving node. A background
+thread scrapes `GET /health` and `GET /metrics` every `interval_s` wall
+seconds; each good scrape becomes one `FleetSignals` sample stamped in trace
+seconds since the run's start (`(epoch - start_epoch) * time_scale`), so
+every policy, forecasters included, sees the same kind of samples it sees on
+the trace clock, never the trace's own columns.
+
+From the vLLM 0.32 exposition (summed over label sets):
+
+- gauges `vllm:num_requests_running`, `vllm:num_requests_waiting`,
+  `vllm:kv_cache_usage_perc`;
+- counters `vllm:request_success_total` (every finished request, all
+  finish reasons), `vllm:prompt_tokens_total`,
+  `vllm:generation_tokens_total`.
+
+Rates come from counters over the last `window_s` wall seconds:
+arrivals = finished + change in (running + waiting) (flow conservation), in
+requests per trace second. The signals a policy sees:
+
+- `arrival_rate`: that rate;
+- `inference_pressure` in 0..1: the largest of the server's occupancy
+  ((running + waiting) / `capacity_seqs`, averaged over the window), its KV
+  cache usage, and `arrival_rate / reference_rps` (the arrival rate at which
+  the node counts as fully loaded);
+- `busy`: `inference_pressure >= busy_pressure`;
+- `network_pressure`, `checkpoint_pressure`: 0; a serving node's `/metrics`
+  has no reading of other jobs' network or storage traffic.
+
+A scrape that fails (server unhealthy, `/metrics` unreachable, a timeout)
+is recorded as a failed row; `problem()` names what is wrong when the last
+scrape failed or the newest good sample is older than `stale_after_s`, and
+the controller then takes the safe action (`syncsafe.control.fallback`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pandas as pd
+
+from syncsafe.control.types import FleetSignals
+
+GAUGES = {
+    "vllm:num_requests_running": "running",
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:kv_cache_usage_perc": "kv_cache_usage",
+}
+COUNTERS = {
+    "vllm:request_success_total": "finished",
+    "vllm:prompt_tokens_total": "prompt_tokens",
+    "vllm:generation_tokens_total": "generation_tokens",
+}
+METRICS = {**GAUGES, **COUNTERS}
+TIMELINE_COLUMNS = ("t_s", "epoch", "ok", *METRICS.values(), "arrival_rate", "generation_rate", "inference_pressure",
+                    "busy", "error")
+
+
+class MetricsFormatError(ValueError):
+    """A /metrics text that is not the Prometheus exposition vLLM writes."""
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """The METRICS of a Prometheus text exposition, summed over label sets (keys: METRICS values).
+
+    Raises MetricsFormatError when one of them is absent: a server that does
+    not expose what the controller reads must not pass for an idle one.
+    """
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        key = METRICS.get(name)
+        if key is not None:
+            try:
+                values[key] = values.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+            except (IndexError, ValueError):
+                raise MetricsFormatError(f"/metrics: unreadable sample line {line[:120]!r}") from None
+    missing = [name for name, key in METRICS.items() if key not in values]
+    if missing:
+        raise MetricsFormatError(f"/metrics: no {', '.join(missing)} (not a vLLM server's exposition?)")
+    return values
+
+
+@dataclass(frozen=True)
+class SignalSettings:
+    """How raw readings become `FleetSignals` (see the module docstring)."""
+
+    time_scale: float = 1.0
+    window_s: float = 2.0
+    capacity_seqs: int = 8
+    reference_rps: float = 6.0
+    busy_pressure: float = 0.5
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One good scrape: wall epoch and the METRICS values."""
+
+    epoch: float
+    values: dict[str, float]
+
+
+def fleet_signals(window: list[Reading], t_s: float, cfg: SignalSettings) -> tuple[FleetSignals, dict[str, float]]:
+    """FleetSignals at the newest reading of `window` (oldest first), and the derived rates."""
+    first, last = window[0], window[-1]
+    wall = last.epoch - first.epoch
+    in_system = lambda r: r.values["running"] + r.values["waiting"]  # noqa: E731
+    if wall > 0:
+        arrivals = (last.values["finished"] - first.values["finished"]) + (in_system(last) - in_system(first))
+        arrival_rate = max(arrivals, 0.0) / (wall * cfg.time_scale)
+        generation_rate = max(last.values["generation_tokens"] - first.values["generation_tokens"], 0.0) / (
+            wall * cfg.time_scale)
+    else:
+        arrival_rate = generation_rate = 0.0
+    occupancy = sum(in_system(r) for r in window) / len(window) / cfg.capacity_seqs
+    pressure = min(max(occupancy, last.values["kv_cache_usage"], arrival_rate / cfg.reference_rps), 1.0)
+    signals = FleetSignals(t_s=t_s, busy=pressure >= cfg.busy_pressure, arrival_rate=arrival_rate,
+                           inference_pressure=pressure, network_pressure=0.0, checkpoint_pressure=0.0)
+    return signals, {"arrival_rate": arrival_rate, "generation_rate": generation_rate}
+
+
+def http_fetch(base_url: str, timeout_s: float) -> Callable[[], str]:
+    """GET /health (must answer 200), then the /metrics text."""
+
+    def fetch() -> str:
+        with urllib.request.urlopen(f"{base_url}/health", timeout=timeout_s) as resp:
+            if resp.status != 200:
+                raise OSError(f"/health answered {resp.status}")
+        with urllib.request.urlopen(f"{base_url}/metrics", timeout=timeout_s) as resp:
+            return resp.read().decode("utf-8", "replace")
+
+    return fetch
+
+
+class LiveSignals:
+    """Scrapes a server every `interval_s` wall seconds on a background thread.
+
+    The controller reads it like `TimelineSignals`: `at(t_s)` is the newest
+    good sample, `between(t0, t1)` the good samples stamped in (t0, t1].
+    """
+
+    def __init__(self, fetch: Callable[[], str], start_epoch: float, cfg: SignalSettings, interval_s: float = 0.25,
+                 stale_after_s: float = 1.5) -> None:
+        self.fetch = fetch
+        self.start_epoch = start_epoch
+        self.cfg = cfg
+        self.interval_s = interval_s
+        self.stale_after_s = stale_after_s
+        self.rows: list[dict] = []
+        self._readings: list[Reading] = []
+        self._good: list[FleetSignals] = []
+        self._last_ok = True
+        self._last_error = ""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="live-signals", daemon=True)
+
+    # ------------------------------------------------------------------ scraping
+
+    def scrape_once(self) -> None:
+        now = time.time()
+        t_s = (now - self.start_epoch) * self.cfg.time_scale
+        try:
+            values = parse_metrics(self.fetch())
+        except (OSError, urllib.error.URLError, MetricsFormatError, TimeoutError) as err:
+            self._last_ok, self._last_error = False, f"{type(err).__name__}: {err}"[:200]
+            self.rows.append({"t_s": t_s, "epoch": now, "ok": False, "error": self._last_error})
+            return
+        reading = Reading(now, values)
+        self._readings.append(reading)
+        horizon = now - self.cfg.window_s
+        window = [r for r in self._readings[-64:] if r.epoch >= horizon] or [reading]
+        signals, rates = fleet_signals(window, t_s, self.cfg)
+        self._good.append(signals)
+        self._last_ok = True
+        self.rows.append({"t_s": t_s, "epoch": now, "ok": True, **values, **rates,
+                          "inference_pressure": signals.inference_pressure, "busy": signals.busy, "error": ""})
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.time()
+            self.scrape_once()
+            self._stop.wait(max(0.0, self.interval_s - (time.time() - started)))
+
+    def __enter__(self) -> LiveSignals:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    # ------------------------------------------------------------------ reading
+
+    def problem(self) -> str | None:
+        """What keeps the signals from being trusted right now, or None."""
+        if not self._last_ok:
+            return f"server unreachable or unhealthy ({self._last_error})"
+        if not self._good:
+            return "no /metrics sample yet"
+        age = time.time() - (self.start_epoch + self._good[-1].t_s / self.cfg.time_scale)
+        if age > self.stale_after_s:
+            return f"newest /metrics sample is {age:.1f} s old"
+        return None
+
+    def at(self, t_s: float) -> FleetSignals:
+        if self._good:
+            return self._good[-1]
+        return FleetSignals(t_s=t_s, busy=False, arrival_rate=0.0, inference_pressure=0.0, network_pressure=0.0,
+                            checkpoint_pressure=0.0)
+
+    def between(self, t0_s: float, t1_s: float) -> list[FleetSignals]:
+        return [s for s in self._good if t0_s < s.t_s <= t1_s]
+
+    def frame(self) -> pd.DataFrame:
+        """The signals timeline: every scrape, good or failed."""
+        return pd.DataFrame(self.rows, columns=list(TIMELINE_COLUMNS))
