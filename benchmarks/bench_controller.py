@@ -15,6 +15,7 @@ import time
 import numpy as np
 
 from syncsafe.config import load_params
+from syncsafe.schedules.action_space import ActionSpace
 from syncsafe.schedules.derive import matched_random, offline_bound
 from syncsafe.schedules.schedule import LoadIntegral
 from syncsafe.schedules.stage import run_harness
@@ -34,6 +35,7 @@ def main() -> None:
     for regime, cfg in params.regimes.items():
         for seed in range(args.seeds):
             timeline = generate_timeline(regime, cfg, params.traces.step_s, seed)
+            space = ActionSpace.of_params(params, regime)
             for policy in params.control.policies:
                 schedule, result = run_harness(params, regime, policy, seed, timeline)
                 latencies.setdefault(policy, []).extend(d.decide_us for d in result.decisions)
@@ -41,7 +43,7 @@ def main() -> None:
                 t0 = time.perf_counter()
                 offline_bound(schedule, LoadIntegral(timeline))
                 for draw in range(params.schedules.random_draws):
-                    matched_random(schedule, draw)
+                    matched_random(schedule, draw, space)
                 derive_s += time.perf_counter() - t0
     wall = time.perf_counter() - start
     print(f"harness: {runs} runs ({len(params.regimes)} regimes × {args.seeds} seeds × "

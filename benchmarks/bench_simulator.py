@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 from syncsafe.config import Params, load_params
-from syncsafe.schedules.derive import matched_random, no_sync
+from syncsafe.schedules.derive import matched_random_free, no_sync
 from syncsafe.schedules.schedule import Schedule
 from syncsafe.serving.calibration import Calibration
 from syncsafe.serving.simulator import simulate_replay
@@ -68,7 +68,7 @@ def main() -> None:
             schedules = (
                 no_sync(regime, SEED, duration_s, params.merge.window_s, params.merge.min_gap_s),
                 cadence,
-                matched_random(cadence, draw=0),
+                matched_random_free(cadence, draw=0),
             )
             for schedule in schedules:
                 start = time.perf_counter()

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from syncsafe.schedules.derive import matched_random, no_sync, offline_bound, random_placement
+from syncsafe.schedules.derive import matched_random_free, no_sync, offline_bound, random_placement
 from syncsafe.schedules.schedule import LoadIntegral, Schedule, ScheduleError, busy_overlap_s, read_schedule, write_schedule
 
 
@@ -25,23 +25,24 @@ def random_timeline(seed: int, n: int = 120, step: float = 0.5) -> pd.DataFrame:
                          "inference_pressure": rng.random(n), "network_pressure": 0.1, "checkpoint_pressure": 0.0})
 
 
-def test_matched_random_keeps_the_budget():
+def test_free_matched_random_keeps_the_budget():
     ctl = controller([40.0, 88.0, 136.0, 300.0, 420.0, 560.0])
     for draw in range(50):
-        d = matched_random(ctl, draw)
+        d = matched_random_free(ctl, draw)
         assert (d.n_merges, d.window_s, d.min_gap_s, d.duration_s) == (6, 8.0, 10.0, 600.0)
-        assert (d.policy, d.source, d.draw, d.matched_to) == ("matched_random", "matched_random", draw, "wa_diloco")
+        assert (d.policy, d.source, d.draw, d.matched_to) == (
+            "matched_random_free", "matched_random_free", draw, "wa_diloco")
         starts = np.asarray(d.merge_starts_s)
         assert (np.diff(starts) - 8.0 >= 10.0 - 1e-9).all()
         assert starts[0] >= 0 and starts[-1] + 8.0 <= 600.0
 
 
-def test_matched_random_is_identical_for_the_same_seed_and_draw():
+def test_free_matched_random_is_identical_for_the_same_seed_and_draw():
     ctl = controller([40.0, 200.0, 400.0])
-    assert matched_random(ctl, 3) == matched_random(ctl, 3)
-    assert matched_random(ctl, 3).merge_starts_s != matched_random(ctl, 4).merge_starts_s
+    assert matched_random_free(ctl, 3) == matched_random_free(ctl, 3)
+    assert matched_random_free(ctl, 3).merge_starts_s != matched_random_free(ctl, 4).merge_starts_s
     other_seed = controller([40.0, 200.0, 400.0], seed=1)
-    assert matched_random(ctl, 3).merge_starts_s != matched_random(other_seed, 3).merge_starts_s
+    assert matched_random_free(ctl, 3).merge_starts_s != matched_random_free(other_seed, 3).merge_starts_s
 
 
 def test_random_placement_is_uniform_over_time():
@@ -81,7 +82,7 @@ def test_offline_bound_beats_brute_force_and_every_other_schedule(seed):
         if c[1] - c[0] >= 9.0 and c[2] - c[1] >= 9.0
     )
     assert best == pytest.approx(brute)
-    others = [ctl] + [matched_random(ctl, d) for d in range(200)]  # off-grid placements too
+    others = [ctl] + [matched_random_free(ctl, d) for d in range(200)]  # off-grid placements too
     assert all(best <= busy_overlap_s(o, load) + 1e-9 for o in others)
 
 
@@ -93,11 +94,11 @@ def test_offline_bound_of_zero_merges_and_no_sync():
 
 
 def test_schedule_json_roundtrip_has_the_contract_keys(tmp_path):
-    path = write_schedule(tmp_path / "s.json", matched_random(controller([40.0, 200.0]), 1))
+    path = write_schedule(tmp_path / "s.json", matched_random_free(controller([40.0, 200.0]), 1))
     keys = set(json.loads(path.read_text()))
     assert keys == {"regime", "policy", "seed", "draw", "matched_to", "source", "duration_s", "window_s",
                     "min_gap_s", "merge_starts_s"}
-    assert read_schedule(path) == matched_random(controller([40.0, 200.0]), 1)
+    assert read_schedule(path) == matched_random_free(controller([40.0, 200.0]), 1)
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,17 @@
 """Schedules derived from a controller schedule: the evidence protocol's baselines.
 
-- `matched_random`: the same merge count, window and min gap, placed
-  uniformly at random over all feasible placements, seeded per (regime,
-  controller, seed, draw) so a draw is the same wherever it is made.
+- `matched_random`: the same merge count drawn uniformly from the
+  controller's own action space (`syncsafe.schedules.action_space`: the
+  control-cycle grid, 1..max_h/min_h cycles apart, no room left for a forced
+  merge), seeded per (regime, controller, seed, draw) so a draw is the same
+  wherever it is made. The primary baseline.
+- `matched_random_free`: the secondary reference of earlier versions: the
+  same count, window and min gap placed uniformly over all continuous
+  placements (wider than any controller's choices: it can bunch merges or
+  leave holes no controller can make).
+- `even_cadence`: the same count evenly spaced in the action space; "beats
+  fixed cadence" is judged against it (fixed_h itself may merge a different
+  number of times).
 - `no_sync`: no merges at all; the load-matched baseline of sync-excess.
 - `offline_bound`: the placement of the same count with the least busy
   overlap (ties broken by least inference pressure), found with full
@@ -15,12 +24,16 @@ import zlib
 
 import numpy as np
 
-from syncsafe.schedules.schedule import LoadIntegral, Schedule
+from syncsafe.schedules.action_space import ActionSpace, ActionSpaceError
+from syncsafe.schedules.schedule import LoadIntegral, Schedule, ScheduleError
+
+#: Random stream of the free (continuous) sampler, apart from the action-space draws.
+FREE_STREAM = 1
 
 
-def _draw_rng(controller: Schedule, draw: int) -> np.random.Generator:
+def _draw_rng(controller: Schedule, draw: int, stream: int = 0) -> np.random.Generator:
     key = zlib.crc32(f"{controller.regime}/{controller.policy}".encode())
-    return np.random.default_rng([controller.seed, draw, key])
+    return np.random.default_rng([controller.seed, draw, key, stream] if stream else [controller.seed, draw, key])
 
 
 def random_placement(n: int, duration_s: float, window_s: float, min_gap_s: float, rng: np.random.Generator) -> list[float]:
@@ -40,20 +53,43 @@ def random_placement(n: int, duration_s: float, window_s: float, min_gap_s: floa
     return [round(float(x) + i * pitch, 6) for i, x in enumerate(u)]
 
 
-def matched_random(controller: Schedule, draw: int) -> Schedule:
-    """Draw `draw` of the matched-random envelope of `controller`."""
-    starts = random_placement(
-        controller.n_merges, controller.duration_s, controller.window_s, controller.min_gap_s, _draw_rng(controller, draw)
-    )
+def _derived(controller: Schedule, policy: str, starts: list[float], draw: int | None = None) -> Schedule:
     return controller.model_copy(
-        update={
-            "policy": "matched_random",
-            "draw": draw,
-            "matched_to": controller.policy,
-            "source": "matched_random",
-            "merge_starts_s": starts,
-        }
+        update={"policy": policy, "draw": draw, "matched_to": controller.policy, "source": policy, "merge_starts_s": starts}
     )
+
+
+def _in_space(controller: Schedule, space: ActionSpace) -> None:
+    if not space.contains(controller.merge_starts_s):
+        raise ScheduleError(
+            f"{controller.regime}/{controller.policy}/seed-{controller.seed}: schedule {controller.merge_starts_s} "
+            f"is not in the controller's action space ({space}); matched baselines would not be fair"
+        )
+
+
+def matched_random(controller: Schedule, draw: int, space: ActionSpace) -> Schedule:
+    """Draw `draw` of the matched-random envelope of `controller`, from its own action space."""
+    _in_space(controller, space)
+    return _derived(controller, "matched_random", space.sample(controller.n_merges, _draw_rng(controller, draw)), draw)
+
+
+def matched_random_free(controller: Schedule, draw: int) -> Schedule:
+    """Draw `draw` of the free (continuous placement) reference envelope of `controller`."""
+    starts = random_placement(
+        controller.n_merges, controller.duration_s, controller.window_s, controller.min_gap_s,
+        _draw_rng(controller, draw, FREE_STREAM),
+    )
+    return _derived(controller, "matched_random_free", starts, draw)
+
+
+def even_cadence(controller: Schedule, space: ActionSpace) -> Schedule:
+    """The controller's merge count, evenly spaced in its action space."""
+    _in_space(controller, space)
+    try:
+        starts = space.starts(space.evenly_spaced_gaps(controller.n_merges))
+    except ActionSpaceError as err:
+        raise ScheduleError(f"{controller.regime}/{controller.policy}/seed-{controller.seed}: {err}") from None
+    return _derived(controller, "even_cadence", starts)
 
 
 def no_sync(regime: str, seed: int, duration_s: float, window_s: float, min_gap_s: float) -> Schedule:

@@ -2,8 +2,9 @@
 
 One JSON per schedule with keys `regime, policy, seed, draw, matched_to,
 source, duration_s, window_s, min_gap_s, merge_starts_s`. `source` is one of
-harness, train, matched_random, no_sync, offline_bound; `draw` is set only
-for matched-random draws and `matched_to` names the controller whose budget a
+harness, train, live, matched_random, matched_random_free, even_cadence,
+no_sync, offline_bound, slo_oracle; `draw` is set only for the draws of the
+two matched-random envelopes and `matched_to` names the controller whose budget a
 derived schedule copies.
 """
 
@@ -19,7 +20,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from syncsafe import io
 
-Source = Literal["harness", "train", "matched_random", "no_sync", "offline_bound"]
+Source = Literal[
+    "harness", "train", "live", "matched_random", "matched_random_free", "even_cadence", "no_sync", "offline_bound",
+    "slo_oracle",
+]
+#: Sources whose schedules are numbered draws of an envelope.
+DRAW_SOURCES = ("matched_random", "matched_random_free")
 INDEX_COLUMNS = ("regime", "policy", "seed", "draw", "matched_to", "source", "n_merges", "path")
 
 
@@ -51,8 +57,8 @@ class Schedule(BaseModel):
         gaps = np.diff(starts) - self.window_s
         if gaps.size and gaps.min() < self.min_gap_s - 1e-6:
             raise ValueError(f"merges closer than min_gap_s ({self.min_gap_s}): smallest gap {gaps.min():.3f}")
-        if (self.draw is not None) != (self.source == "matched_random"):
-            raise ValueError("draw is set exactly for matched_random schedules")
+        if (self.draw is not None) != (self.source in DRAW_SOURCES):
+            raise ValueError(f"draw is set exactly for {' and '.join(DRAW_SOURCES)} schedules")
         return self
 
     @property

@@ -2,8 +2,9 @@
 
 Per regime and seed: one controller schedule per policy (`schedules.source`:
 from real DiLoCo training runs, or from the stress harness's
-learner-progress model for fast sweeps), its
-matched-random draws and offline bound, and the seed's no_sync schedule.
+learner-progress model for fast sweeps), its matched-random draws (from the
+controller's action space; the free-placement reference draws beside them),
+its evenly spaced twin, its offline bound, and the seed's no_sync schedule.
 Decision logs go beside the controller schedules. Each regime's set lives in
 runs/schedule-sets/<regime>/ with its own index; `build_index` joins them into
 runs/schedules/index.csv (the contract path).
@@ -24,7 +25,8 @@ from syncsafe.control.controller import ControlPlan, ControlResult, run_controll
 from syncsafe.control.harness import ProgressModelLearners
 from syncsafe.control.policies import build_policy
 from syncsafe.control.signals import TimelineSignals
-from syncsafe.schedules.derive import matched_random, no_sync, offline_bound
+from syncsafe.schedules.action_space import ActionSpace
+from syncsafe.schedules.derive import even_cadence, matched_random, matched_random_free, no_sync, offline_bound
 from syncsafe.schedules.schedule import INDEX_COLUMNS, LoadIntegral, Schedule, ScheduleError, read_schedule, write_schedule
 from syncsafe.serving.calibration import load_calibration
 from syncsafe.traces.stage import load_timeline
@@ -96,6 +98,7 @@ def build_schedules(params: Params, regime: str, root: Path = Path(".")) -> pd.D
     jobs = [(seed, policy) for seed in params.seeds for policy in params.control.policies]
     timelines = {seed: load_timeline(root, regime, seed) for seed in params.seeds}
     source = params.schedules.source
+    space = ActionSpace.of_params(params, regime)
     for seed in params.seeds:
         emit(no_sync(regime, seed, cfg.duration_s, params.merge.window_s, params.merge.min_gap_s),
              SCHEDULE_SETS_DIR / regime / f"seed-{seed}" / "no_sync.json")
@@ -108,8 +111,10 @@ def build_schedules(params: Params, regime: str, root: Path = Path(".")) -> pd.D
             _write_decisions(Path(root) / seed_dir / f"{policy}.decisions.jsonl", result)
         emit(controller, seed_dir / f"{policy}.json")
         emit(offline_bound(controller, LoadIntegral(timelines[seed])), seed_dir / "offline_bound" / f"{policy}.json")
+        emit(even_cadence(controller, space), seed_dir / "even_cadence" / f"{policy}.json")
         for draw in range(params.schedules.random_draws):
-            emit(matched_random(controller, draw), seed_dir / "matched_random" / f"{policy}-{draw:03d}.json")
+            emit(matched_random(controller, draw, space), seed_dir / "matched_random" / f"{policy}-{draw:03d}.json")
+            emit(matched_random_free(controller, draw), seed_dir / "matched_random_free" / f"{policy}-{draw:03d}.json")
     index = _index_frame(rows)
     io.write_csv(out / "index.csv", index)
     return index
@@ -126,9 +131,19 @@ def read_index(path: Path) -> pd.DataFrame:
     return pd.read_csv(path, dtype={"draw": "Int64"}, keep_default_na=True)
 
 
+def in_params(index: pd.DataFrame, params: Params) -> pd.DataFrame:
+    """The rows params still describe: its regimes and seeds, its controller policies and the
+    schedules derived from them, and no_sync. A set left on disk by a regime, seed or policy
+    since removed from params is never indexed (nor analysed)."""
+    policies = list(params.control.policies)
+    keep = (index["regime"].isin(list(params.regimes)) & index["seed"].isin(params.seeds)
+            & ((index["source"] == "no_sync") | index["policy"].isin(policies) | index["matched_to"].isin(policies)))
+    return index[keep].reset_index(drop=True)
+
+
 def build_index(params: Params, root: Path = Path(".")) -> pd.DataFrame:
-    """Join the per-regime indexes into runs/schedules/index.csv."""
+    """Join the per-regime indexes of the regimes in params into runs/schedules/index.csv."""
     frames = [read_index(Path(root) / SCHEDULE_SETS_DIR / regime / "index.csv") for regime in params.regimes]
-    index = _index_frame(pd.concat(frames, ignore_index=True).to_dict("records"))
+    index = _index_frame(in_params(pd.concat(frames, ignore_index=True), params).to_dict("records"))
     io.write_csv(Path(root) / SCHEDULE_INDEX, index)
     return index
