@@ -28,7 +28,7 @@ from syncsafe.diloco.corpus import island_batches  # noqa: E402
 from syncsafe.diloco.launch import train_regime  # noqa: E402
 from syncsafe.diloco.model import build_tiny_llama, causal_lm_loss  # noqa: E402
 from syncsafe.diloco.resources import model_spec, prepare_tokenizer  # noqa: E402
-from syncsafe.diloco.run import train_dir  # noqa: E402
+from syncsafe.diloco.run import timing_path, train_dir  # noqa: E402
 from syncsafe.traces.stage import build_traces  # noqa: E402
 
 
@@ -65,7 +65,8 @@ def main() -> None:
         started = time.perf_counter()
         train_regime(params, root / "params.yaml", "bursty", root, policies=["fixed_h"], seeds=[0])
         launch_s = time.perf_counter() - started
-        metrics = json.loads((train_dir(root, "bursty", "fixed_h", 0) / "metrics.json").read_text())
+        run = train_dir(root, "bursty", "fixed_h", 0)
+        metrics = {**json.loads((run / "metrics.json").read_text()), **json.loads(timing_path(run).read_text())}
         steps = metrics["inner_steps"]
         plain = plain_loop(params, root, steps)
     island = metrics["island_tokens_per_s"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -62,13 +63,62 @@ def test_schedules_view_shows_every_policy_seed_and_regime(built, params, cli):
     assert "no_sync" in out and "busy overlap" in out
 
 
-def test_rerun_gives_identical_outputs(built, params_file, tmp_path, cli):
-    again = tmp_path / "again"
-    for cmd in (["traces"], ["schedules", "build"]):
-        cli(*cmd, "--params", str(params_file), "--root", str(again))
-    for path in (built / "runs").rglob("*.json"):
-        assert path.read_bytes() == (again / path.relative_to(built)).read_bytes()
-    pd.testing.assert_frame_equal(load_timeline(built, "bursty", 1), load_timeline(again, "bursty", 1))
+STAGES = (["traces"], ["schedules", "build"], ["schedules", "index"], ["replay", "run", "--backend", "simulator"],
+          ["replay", "index"])
+
+
+def _all_files(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _two_regimes(raw: dict) -> dict:
+    raw["regimes"] = {k: v for k, v in raw["regimes"].items() if k in ("bursty", "steady")}
+    raw["replay"]["simulator"]["calibration"] = None  # shipped defaults: no calibrate stage here
+    return raw
+
+
+def test_rerun_writes_every_output_byte_for_byte(tmp_path, raw_params, cli):
+    """Two fresh runs of traces -> schedules -> simulator replay -> replay index: every file identical."""
+    params_file = tmp_path / "params.yaml"
+    params_file.write_text(yaml.safe_dump(_two_regimes(raw_params)))
+    runs = []
+    for name in ("first", "again"):
+        root = tmp_path / name
+        for cmd in STAGES:
+            cli(*cmd, "--params", str(params_file), "--root", str(root))
+        runs.append(_all_files(root))
+    first, again = runs
+    assert sorted(first) == sorted(again)
+    assert any(p.endswith("decisions.jsonl") for p in first) and any(p.endswith("requests.parquet") for p in first)
+    assert [p for p in first if first[p] != again[p]] == []
+    decision = json.loads(next(v for p, v in first.items() if p.endswith("decisions.jsonl")).splitlines()[0])
+    assert "decide_us" not in decision  # the decision log holds trace-time facts only
+
+
+def test_a_regime_seed_or_policy_removed_from_params_is_not_indexed(tmp_path, raw_params, cli):
+    root = tmp_path / "project"
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(_two_regimes(raw_params)))
+    for cmd in STAGES:
+        cli(*cmd, "--params", str(path), "--root", str(root))
+    primary = raw_params.get("analysis", {}).get("primary", {})
+    kept = primary.get("regime", "bursty")
+    policies = list(dict.fromkeys([primary.get("policy", "wa_diloco"), "fixed_h"]))
+    raw_params["regimes"] = {kept: raw_params["regimes"][kept]}
+    raw_params["seeds"] = [1]
+    raw_params["control"]["policies"] = policies
+    raw_params["replay"]["vllm"].update({"regimes": [kept], "policies": policies})
+    path.write_text(yaml.safe_dump(raw_params))
+    for cmd in (["schedules", "index"], ["replay", "index"]):
+        cli(*cmd, "--params", str(path), "--root", str(root))
+    for index in (pd.read_csv(root / "runs" / "schedules" / "index.csv"),
+                  pd.read_csv(root / "runs" / "replay" / "index.csv")):
+        assert set(index["regime"]) == {kept} and set(index["seed"]) == {1}
+        controllers = set(index.loc[index["source"].isin(["harness", "train"]), "policy"])
+        assert controllers == set(policies)
+        assert set(index["matched_to"].dropna()) == set(policies)
+        assert "no_sync" in set(index["policy"])
+    assert (root / "runs" / "replay-sets" / "simulator" / "steady").is_dir()  # still on disk, never indexed
 
 
 def test_import_trace_command(tmp_path, cli):

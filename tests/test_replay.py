@@ -64,10 +64,16 @@ def test_replay_view(replayed, cli):
 def test_interference_runs_only_inside_merge_windows(tmp_path, mode):
     with MergeInterference(mode, workers=2, payload_numel=200_000, scratch_dir=tmp_path) as work:
         procs = [psutil.Process(p.pid) for p in work._procs]
-        time.sleep(3.0)  # workers import torch and join their group
-        before = sum(p.cpu_times().user for p in procs)
+        cpu = lambda: sum(p.cpu_times().user + p.cpu_times().system for p in procs)  # noqa: E731
+        deadline = time.monotonic() + 60  # workers import torch and join their group (slow on a busy machine)
+        while time.monotonic() < deadline:
+            before = cpu()
+            time.sleep(1.0)
+            if cpu() - before < 0.05:
+                break
+        before = cpu()
         time.sleep(1.0)
-        idle_cpu = sum(p.cpu_times().user for p in procs) - before
+        idle_cpu = cpu() - before
         now = time.time()
         windows = [(now + 0.5, now + 1.0), (now + 1.6, now + 1.9)]
         work.submit(windows)

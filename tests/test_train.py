@@ -35,6 +35,8 @@ def make_project(root: Path, **train) -> Path:
     raw["control"]["policies"] = ["fixed_h", "pressure_gate"]
     raw["control"]["pressure_gate"] = {"max_pressure": 0.0}  # never opens: merges only when forced at max_h
     raw["replay"]["vllm"]["policies"] = ["fixed_h"]
+    if "analysis" in raw:  # the declared primary test must name a trained policy
+        raw["analysis"]["primary"]["policy"] = "fixed_h"
     raw["train"].update({"corpus_bytes": 300_000, "eval_batches": 2, "collective_timeout_s": 20, **train})
     root.mkdir(parents=True, exist_ok=True)
     path = root / "params.yaml"
@@ -134,6 +136,6 @@ def test_killed_island_continues_on_the_survivors(tmp_path, monkeypatch):
     metrics = json.loads((train_dir(tmp_path, "bursty", "fixed_h", 0) / "metrics.json").read_text())
     assert (metrics["islands"], metrics["island_ids"], metrics["islands_configured"]) == (1, [0], 2)
     assert metrics["n_merges"] == 2
-    logs = sorted(p.name for p in (tmp_path / "runs" / "train" / "bursty" / "logs").iterdir())
+    logs = sorted(p.name for p in (tmp_path / "logs" / "train" / "bursty").glob("*.log"))
     assert logs == ["fixed_h-seed-0-attempt-0-island-0.log", "fixed_h-seed-0-attempt-0-island-1.log",
                     "fixed_h-seed-0-attempt-1-island-0.log"]

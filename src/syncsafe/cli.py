@@ -213,11 +213,11 @@ def replay_run(
 
 @replay_app.command("index")
 @_fails_cleanly
-def replay_index(root: RootOpt = Path(".")) -> None:
-    """Stage replay-index: join the replay sets into runs/replay/index.csv."""
+def replay_index(params: ParamsOpt = Path("params.yaml"), root: RootOpt = Path(".")) -> None:
+    """Stage replay-index: join the replay sets of the regimes, seeds and policies in params into runs/replay/index.csv."""
     from syncsafe.serving.replay import build_replay_index
 
-    typer.echo(f"runs/replay/index.csv: {len(build_replay_index(root))} replays")
+    typer.echo(f"runs/replay/index.csv: {len(build_replay_index(root, load_params(params)))} replays")
 
 
 @app.command()

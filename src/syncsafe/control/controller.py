@@ -45,7 +45,7 @@ class ControlPlan:
 
 @dataclass
 class DecisionRecord:
-    """One line of the decision log."""
+    """One line of the decision log: trace-time facts only, so a rerun writes the same bytes."""
 
     cycle: int
     t_s: float
@@ -57,7 +57,6 @@ class DecisionRecord:
     score: float | None
     signals: dict[str, Any]
     reports: list[dict[str, Any]]
-    decide_us: float
 
 
 @dataclass
@@ -74,14 +73,20 @@ class ControlResult:
     step: int = 0
     steps_since_merge: int = 0
     cycle: int = 0
+    #: Wall-clock microseconds of each `policy.decide` call (benchmarks, tracking); never
+    #: written to the decision log or the resumable state.
+    decide_us: list[float] = field(default_factory=list, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        state = asdict(self)
+        del state["decide_us"]
+        return state
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ControlResult:
-        raw = dict(raw)
-        raw["decisions"] = [DecisionRecord(**d) for d in raw["decisions"]]
+        raw = {k: v for k, v in raw.items() if k != "decide_us"}
+        raw["decisions"] = [DecisionRecord(**{k: v for k, v in d.items() if k != "decide_us"})
+                            for d in raw["decisions"]]
         return cls(**raw)
 
 
@@ -116,7 +121,7 @@ def run_controller(
                            cycle=result.cycle)
         started = time.perf_counter()
         decision = policy.decide(reports, now, clock)
-        decide_us = (time.perf_counter() - started) * 1e6
+        result.decide_us.append((time.perf_counter() - started) * 1e6)
         fits = t + plan.window_s <= plan.duration_s + 1e-9
         merge = decision.merge and fits
         reason = decision.reason if fits or not decision.merge else f"{decision.reason}; no merge: window would pass trace end"
@@ -132,7 +137,6 @@ def run_controller(
                 score=decision.score,
                 signals=now.as_dict(),
                 reports=[asdict(r) for r in reports],
-                decide_us=decide_us,
             )
         )
         result.cycle += 1

@@ -1,8 +1,8 @@
 """The train stage's launcher: island processes on one machine, watched to the end.
 
 Starts one `python -m syncsafe.diloco.worker` process per island with the
-environment torchrun would give it, logs each to
-`runs/train/<regime>/logs/`, and watches them. When an island dies the others
+environment torchrun would give it, logs each to `logs/train/<regime>/`
+(outside the stage's outputs: logs carry wall-clock noise), and watches them. When an island dies the others
 fail within the collective timeout; the launcher then either fails the stage
 naming the lost island and the tail of its log (`on_island_failure: fail`) or
 resumes the interrupted run from its last merge checkpoint on the surviving
@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from syncsafe.config import Params
 from syncsafe.diloco.resources import prepare_tokenizer
-from syncsafe.diloco.run import TRAIN_DIR, is_complete, train_dir
+from syncsafe.diloco.run import TRAIN_LOG_DIR, is_complete, train_dir
 from syncsafe.errors import EXIT_ISLAND_LOST
 from syncsafe.procs import LOOPBACK_ENV, free_port, log_tail
 
@@ -59,7 +59,7 @@ def _launch(params_path: Path, regime: str, root: Path, island_ids: list[int], r
             resume: bool, attempt: int, fault: str | None, timeout_s: float,
             progress: tqdm) -> Exit | None:
     """Run one island group to completion; return the first island that failed, if any."""
-    log_dir = Path(root) / TRAIN_DIR / regime / "logs"
+    log_dir = Path(root) / TRAIN_LOG_DIR / regime
     log_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     cmd = [sys.executable, "-m", "syncsafe.diloco.worker", "--params", str(params_path), "--regime", regime,

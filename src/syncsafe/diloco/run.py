@@ -8,10 +8,15 @@ merge. Outputs in `runs/train/<regime>/<policy>/seed-<S>/`:
 - `decisions.jsonl` every control cycle: reports, signals, decision, reason, score
 - `losses.csv`      step, island, training loss (per-island loss curves)
 - `merges.csv`      per merge: trace time, step, eval loss of the merged model,
-                    bytes communicated, wall time
+                    bytes communicated
 - `model/`          Hugging Face export of the final global model (+ tokenizer)
-- `metrics.json`    final eval loss, tokens, merges, bytes and wall time; written
-                    last, so its presence marks a complete run
+- `metrics.json`    final eval loss, tokens, merges, bytes; written last, so its
+                    presence marks a complete run
+
+Every output is a function of params and code alone (a rerun writes the same
+bytes). Wall-clock facts (train and island-loop time, throughput, merge wall
+time, policy decision latency) go to `logs/train/<regime>/<policy>/seed-<S>/timing.json`,
+outside the stage's outputs, and from there to MLflow.
 
 While a run is in flight, `checkpoints/merge-<K>/` holds every island's state
 and the controller's after merge K, and `checkpoints/LATEST` names the newest
@@ -48,6 +53,8 @@ from syncsafe.serving.calibration import load_calibration
 from syncsafe.traces.stage import load_timeline
 
 TRAIN_DIR = Path("runs") / "train"
+#: Island logs and wall-clock facts of each run: not reproducible, so outside the stage outputs (gitignored).
+TRAIN_LOG_DIR = Path("logs") / "train"
 
 
 def train_dir(root: Path, regime: str, policy: str, seed: int) -> Path:
@@ -169,6 +176,12 @@ def train_run(params: Params, regime: str, policy_name: str, seed: int, root: Pa
     dist.barrier()
 
 
+def timing_path(run_dir: Path) -> Path:
+    """logs/train/<regime>/<policy>/seed-<S>/timing.json beside runs/ for a run directory."""
+    root = run_dir.parents[4]  # run_dir is <root>/runs/train/<regime>/<policy>/seed-<S>
+    return root / TRAIN_LOG_DIR / run_dir.relative_to(root / TRAIN_DIR) / "timing.json"
+
+
 def _prune_checkpoints(run_dir: Path, keep: int) -> None:
     for old in (run_dir / "checkpoints").glob("merge-*"):
         if int(old.name.split("-")[1]) < keep:
@@ -188,6 +201,7 @@ def _write_outputs(params: Params, regime: str, policy: str, seed: int, run_dir:
     loss_rows = [(step, island_id, loss) for island_id, curve in losses for step, loss in curve]
     io.write_csv(run_dir / "losses.csv", pd.DataFrame(loss_rows, columns=["step", "island", "loss"]).sort_values(["step", "island"]))
     merges = pd.DataFrame(merge_log)
+    merge_wall = merges.pop("wall_time_s") if "wall_time_s" in merges else pd.Series(dtype=float)
     io.write_csv(run_dir / "merges.csv", merges)
     # The final global model is the state after the last merge (local steps since are not merged).
     assign_parameters(island.model, island.outer.global_flat.detach())
@@ -203,13 +217,18 @@ def _write_outputs(params: Params, regime: str, policy: str, seed: int, run_dir:
         "island_ids": list(world.island_ids),
         "bytes_per_merge": int(merges["bytes_communicated"].iloc[0]) if len(merges) else 0,
         "bytes_communicated": int(merges["bytes_communicated"].sum()) if len(merges) else 0,
-        "merge_wall_s_mean": float(merges["wall_time_s"].mean()) if len(merges) else 0.0,
+        "resumed": resumed,
+    }
+    decide_us = pd.Series(result.decide_us, dtype=float)
+    io.write_json(timing_path(run_dir), {
+        "merge_wall_s_mean": float(merge_wall.mean()) if len(merge_wall) else 0.0,
         "train_wall_s": wall_s,
         "tokens_per_s": tokens / wall_s if wall_s > 0 else 0.0,
         # the island loop between merges: training plus per-cycle command/report collectives
         "island_loop_s": loop_s,
         "island_tokens_per_s": island.tokens_seen / loop_s if loop_s > 0 and not resumed else None,
-        "resumed": resumed,
-    }
+        "decide_us_p50": float(decide_us.quantile(0.5)) if len(decide_us) else None,
+        "decide_us_p99": float(decide_us.quantile(0.99)) if len(decide_us) else None,
+    })
     io.write_json(run_dir / "metrics.json", metrics)
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)

@@ -9,9 +9,13 @@ request (`cap_wait_ms`), so a binding cap is visible, never silent.
 Prompts are token-id lists of exactly `prompt_tokens` ids (seeded), and
 `max_tokens = output_tokens` with `ignore_eos`, so the server does the work
 the trace asks for. Each request streams; TTFT is the first content chunk,
-E2E the `[DONE]` marker, output tokens come from the final `usage` chunk.
-A request that fails (HTTP error, broken stream, timeout) is kept with its
-error text: failures are counted, never dropped.
+E2E the `[DONE]` marker, both measured from the request's *scheduled* arrival
+(a late send is charged to the request; `send_epoch - scheduled_epoch` is its
+send lag), output tokens come from the final `usage` chunk.
+A request that fails is kept with its error text: failures are counted, never
+dropped. Failed: an HTTP error, a broken stream or timeout, an error object
+inside an HTTP 200 stream (`data: {"error": ...}`), no `usage` chunk, or fewer
+output tokens than asked (with `ignore_eos` the server must produce them all).
 """
 
 from __future__ import annotations
@@ -46,6 +50,17 @@ def prompt_ids(rng: np.random.Generator, n: int, vocab_size: int, first_id: int 
     return rng.integers(first_id, vocab_size, n).tolist()
 
 
+def _incomplete(e2e_ms: float, usage_seen: bool, received: int, asked: int) -> str:
+    """Why a stream that carried no error object still failed; empty when it did not."""
+    if e2e_ms != e2e_ms:
+        return "stream ended before [DONE]"
+    if not usage_seen:
+        return "no usage chunk: output tokens unknown"
+    if received < asked:
+        return f"short output: {received} of {asked} tokens"
+    return ""
+
+
 async def _one(session: aiohttp.ClientSession, url: str, model: str, rid: int, row, start_epoch: float,
                time_scale: float, prompt: list[int], cap: asyncio.Semaphore, timeout_s: float) -> RequestResult:
     scheduled = start_epoch + row.arrival_s / time_scale
@@ -55,7 +70,7 @@ async def _one(session: aiohttp.ClientSession, url: str, model: str, rid: int, r
         send = time.time()
         cap_wait_ms = (send - waited) * 1000.0
         ttft = e2e = float("nan")
-        received, error = 0, ""
+        received, error, usage_seen = 0, "", False
         body = {"model": model, "prompt": prompt, "max_tokens": int(row.output_tokens), "stream": True,
                 "ignore_eos": True, "temperature": 0.0, "stream_options": {"include_usage": True}}
         try:
@@ -69,15 +84,21 @@ async def _one(session: aiohttp.ClientSession, url: str, model: str, rid: int, r
                             continue
                         data = line[5:].strip()
                         if data == "[DONE]":
-                            e2e = (time.time() - send) * 1000.0
+                            e2e = (time.time() - scheduled) * 1000.0
                             break
                         chunk = json.loads(data)
+                        if not isinstance(chunk, dict):
+                            error = f"stream chunk is not an object: {data[:100]}"
+                            break
+                        if "error" in chunk or chunk.get("object") == "error":
+                            error = f"error in stream: {json.dumps(chunk.get('error', chunk))[:180]}"
+                            break
                         if chunk.get("choices") and ttft != ttft:  # first content chunk (nan != nan)
-                            ttft = (time.time() - send) * 1000.0
+                            ttft = (time.time() - scheduled) * 1000.0
                         if chunk.get("usage"):
+                            usage_seen = True
                             received = int(chunk["usage"].get("completion_tokens", 0))
-                    if e2e != e2e:
-                        error = "stream ended before [DONE]"
+                    error = error or _incomplete(e2e, usage_seen, received, int(row.output_tokens))
         except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError) as err:
             error = f"{type(err).__name__}: {err}"[:200] or type(err).__name__
     return RequestResult(rid, float(row.arrival_s), scheduled, send, cap_wait_ms, int(row.prompt_tokens),

@@ -6,7 +6,9 @@ A replay (simulator or vLLM) writes one row per request with the columns in
 - `request_id`: position of the request in the seed's request table;
 - `arrival_s`, `send_s`: trace second the request arrives / was actually sent;
 - `prompt_tokens`, `output_tokens`: the request as asked;
-- `ttft_ms`, `e2e_ms`: time to first token and end-to-end latency from `send_s`;
+- `ttft_ms`, `e2e_ms`: time to first token and end-to-end latency from the
+  request's scheduled arrival (`arrival_s`): a late send is charged to the
+  request, never hidden;
 - `output_tokens_received`: tokens actually streamed back;
 - `merge_active`: the request's life overlaps a merge window (see the backend);
 - `inference_pressure`: the timeline's inference pressure at arrival;
@@ -21,6 +23,11 @@ dropped. Latency percentiles and the p95 ratios use the succeeded requests
 only (a failed request has no latency to rank). The replay span runs from the
 first send to the last completion (a failed request ends at its send, or at
 `send_s + e2e_ms` when it reports a latency).
+
+`replay_validity` judges whether a real-backend replay measured what it
+claims: too many failed requests, or a load generator that could not send on
+time (send-lag p99), make it invalid (`valid: false` in its summary and in the
+replay index); an invalid replay licenses nothing.
 """
 
 from __future__ import annotations
@@ -160,6 +167,26 @@ def summarize(results: pd.DataFrame, slo: SloSpec, high_pressure_threshold: floa
         requests_during_merges=int(merge_active.sum()),
         span_s=span,
     )
+
+
+def replay_validity(results: pd.DataFrame, max_failure_rate: float, max_send_lag_p99_ms: float) -> dict:
+    """`valid`, `invalid_reason`, `failure_rate` and `send_lag_p99_ms` of a replay (see the module docstring).
+
+    A table without `send_lag_ms` (the simulator sends on time by construction) is judged on failures only.
+    """
+    require_columns(results, ("error",), "per-request replay table")
+    if results.empty:
+        return {"valid": False, "invalid_reason": "no requests", "failure_rate": None, "send_lag_p99_ms": None}
+    failure_rate = float(failed_mask(results).mean())
+    lag = results["send_lag_ms"].to_numpy(dtype=float) if "send_lag_ms" in results.columns else np.array([])
+    lag_p99 = _quantiles_ms(lag, (99,))[0]
+    reasons = []
+    if failure_rate > max_failure_rate:
+        reasons.append(f"failure rate {failure_rate:.3f} > max_failure_rate {max_failure_rate}")
+    if lag_p99 is not None and lag_p99 > max_send_lag_p99_ms:
+        reasons.append(f"send lag p99 {lag_p99:.0f} ms > max_send_lag_p99_ms {max_send_lag_p99_ms:.0f}")
+    return {"valid": not reasons, "invalid_reason": "; ".join(reasons), "failure_rate": failure_rate,
+            "send_lag_p99_ms": lag_p99}
 
 
 def derive_slo(no_sync_results: pd.DataFrame, multiplier: float) -> SloSpec:

@@ -30,7 +30,7 @@ from tqdm import tqdm
 from syncsafe import io
 from syncsafe.config import Params
 from syncsafe.schedules.schedule import Schedule, read_schedule
-from syncsafe.schedules.stage import SCHEDULE_SETS_DIR, read_index
+from syncsafe.schedules.stage import SCHEDULE_SETS_DIR, in_params, read_index
 from syncsafe.serving.calibration import load_calibration
 from syncsafe.serving.metrics import REQUEST_RESULT_COLUMNS, SloSpec, derive_slo, summarize
 from syncsafe.serving.simulator import PressureLookup, simulate_replay
@@ -41,7 +41,7 @@ REPLAY_INDEX = Path("runs") / "replay" / "index.csv"
 INDEX_COLUMNS = ("regime", "policy", "seed", "draw", "backend", "slo_violation_rate", "p95_ms", "p99_ms",
                  "n_requests", "n_failed", "path")
 EXTRA_COLUMNS = ("matched_to", "source", "n_merges", "schedule", "ttft_p95_ms", "sync_ratio", "pressure_ratio",
-                 "requests_during_merges", "tokens_per_s", "goodput_rps")
+                 "requests_during_merges", "tokens_per_s", "goodput_rps", "valid")
 
 
 def set_dir(root: Path, backend: str, regime: str | None = None) -> Path:
@@ -83,6 +83,8 @@ def index_row(row: pd.Series, backend: str, schedule: Schedule, summary: dict, p
         "schedule": row["path"], "ttft_p95_ms": summary["ttft_p95_ms"], "sync_ratio": summary["sync_ratio"],
         "pressure_ratio": summary["pressure_ratio"], "requests_during_merges": summary["requests_during_merges"],
         "tokens_per_s": summary["tokens_per_s"], "goodput_rps": summary["goodput_rps"],
+        # false: too many failures or a late load generator (serving.metrics.replay_validity); licenses nothing
+        "valid": bool(summary.get("valid", True)),
     }  # fmt: skip
 
 
@@ -129,13 +131,16 @@ def replay_simulator(params: Params, regime: str, root: Path = Path(".")) -> pd.
 # --------------------------------------------------------------------------- index
 
 
-def build_replay_index(root: Path = Path(".")) -> pd.DataFrame:
-    """Join every backend's set indexes into runs/replay/index.csv."""
+def build_replay_index(root: Path = Path("."), params: Params | None = None) -> pd.DataFrame:
+    """Join every backend's set indexes into runs/replay/index.csv (with `params`: only the
+    regimes, seeds and policies it names; sets left on disk by removed ones are not indexed)."""
     frames = [pd.read_csv(p, dtype={"draw": "Int64"}) for p in sorted((Path(root) / REPLAY_SETS_DIR).glob("*/*/index.csv"))]
     frames += [pd.read_csv(p, dtype={"draw": "Int64"}) for p in sorted((Path(root) / REPLAY_SETS_DIR).glob("*/index.csv"))]
     if not frames:
         raise FileNotFoundError(f"{Path(root) / REPLAY_SETS_DIR}: no replay sets; run the replay stage first")
     index = pd.concat(frames, ignore_index=True)
+    if params is not None:
+        index = in_params(index, params)
     io.write_csv(Path(root) / REPLAY_INDEX, index)
     return index
 
@@ -149,9 +154,14 @@ def read_replay_index(root: Path = Path(".")) -> pd.DataFrame:
 
 def request_results(raw: pd.DataFrame, timeline: pd.DataFrame, worked: list[tuple[float, float, int]],
                     start_epoch: float, time_scale: float) -> pd.DataFrame:
-    """Load-generator rows → the per-request contract table (+ send lag and cap wait)."""
+    """Load-generator rows → the per-request contract table (+ send lag and cap wait).
+
+    Latencies run from the scheduled arrival; a request is merge-active when its life on the
+    server (send to completion) overlaps a window the merge work actually ran.
+    """
     send = raw["send_epoch"].to_numpy(dtype=float)
-    end = send + raw["e2e_ms"].fillna(0.0).to_numpy(dtype=float) / 1000.0
+    end = raw["scheduled_epoch"].to_numpy(dtype=float) + raw["e2e_ms"].fillna(0.0).to_numpy(dtype=float) / 1000.0
+    end = np.maximum(end, send)
     active = np.zeros(len(raw), dtype=bool)
     for began, finished, _ in worked:
         active |= (send < finished) & (end >= began)

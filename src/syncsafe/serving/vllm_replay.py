@@ -27,6 +27,7 @@ from syncsafe.schedules.schedule import read_schedule
 from syncsafe.schedules.stage import SCHEDULE_INDEX, read_index
 from syncsafe.serving.interference import MergeInterference
 from syncsafe.serving.loadgen import replay_requests
+from syncsafe.serving.metrics import replay_validity
 from syncsafe.serving.replay import (
     index_row,
     replay_path,
@@ -200,7 +201,8 @@ def replay_vllm(params: Params, root: Path = Path(".")) -> pd.DataFrame:
                     summary = write_replay(out, results, slo, params, {
                         "backend": "vllm", "model": str(model), "time_scale": cfg.time_scale,
                         "max_trace_s": cfg.max_trace_s, "interference": cfg.interference,
-                        "send_lag_p99_ms": float(results["send_lag_ms"].quantile(0.99)),
+                        # valid, invalid_reason, failure_rate, send_lag_p99_ms: an invalid replay licenses nothing
+                        **replay_validity(results, cfg.max_failure_rate, cfg.max_send_lag_p99_ms),
                         "cap_wait_max_ms": float(results["cap_wait_ms"].max()),
                     })  # fmt: skip
                     rows.append(index_row(row, "vllm", schedule, summary, out, Path(root)))

@@ -44,6 +44,8 @@ def track_traces(params: Params, regime: str, root: Path) -> None:
 
 
 def train_runs(params: Params, regime: str, run_dirs: list[Path]) -> list[TrackedRun]:
+    from syncsafe.diloco.run import timing_path
+
     runs = []
     for run_dir in run_dirs:
         metrics = json.loads((run_dir / "metrics.json").read_text())
@@ -52,6 +54,9 @@ def train_runs(params: Params, regime: str, run_dirs: list[Path]) -> list[Tracke
         series = {"train_loss": [(int(s), float(v)) for s, v in losses.items()]}
         if "eval_loss" in merges:
             series["merge_eval_loss"] = [(int(r.step), float(r.eval_loss)) for r in merges.itertuples()]
+        timing = timing_path(run_dir)  # wall-clock facts, kept outside the stage outputs
+        if timing.is_file():
+            metrics.update(json.loads(timing.read_text()))
         runs.append(TrackedRun(
             regime=regime, policy=run_dir.parent.name, seed=int(run_dir.name.removeprefix("seed-")),
             metrics={k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
