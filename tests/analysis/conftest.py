@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 import pandas as pd
 import pytest
 
-from syncsafe.analysis.verdicts import MechanismEvidence
+from syncsafe.analysis.evidence import FidelityEvidence, MechanismEvidence
 
 Rates = Sequence[float]
 
@@ -19,15 +19,20 @@ def runs_frame(
     draws: Mapping[str, Sequence[Rates]],
     regime: str = "bursty",
     backend: str = "simulator",
+    references: Mapping[str, Mapping[str, Rates]] | None = None,
 ) -> pd.DataFrame:
     """A runs table: seed i has ``no_sync[i]``, ``policies[p][i]`` and the
-    matched-random draws ``draws[p][i]`` (matched to p)."""
+    matched-random draws ``draws[p][i]`` (matched to p); ``references[kind][p][i]``
+    adds a single ``kind`` row (even_cadence, slo_oracle, offline_bound) matched to p."""
     rows = [dict(policy="no_sync", seed=s, rate=r) for s, r in enumerate(no_sync)]
     for policy, rates in policies.items():
         rows += [dict(policy=policy, seed=s, rate=r) for s, r in enumerate(rates)]
     for policy, per_seed in draws.items():
         for s, rates in enumerate(per_seed):
             rows += [dict(policy="matched_random", seed=s, rate=r, draw=d, matched_to=policy) for d, r in enumerate(rates)]
+    for kind, per_policy in (references or {}).items():
+        for policy, rates in per_policy.items():
+            rows += [dict(policy=kind, seed=s, rate=r, matched_to=policy) for s, r in enumerate(rates)]
     frame = pd.DataFrame(rows).rename(columns={"rate": "slo_violation_rate"})
     return frame.assign(regime=regime, backend=backend).reindex(
         columns=["regime", "policy", "seed", "draw", "matched_to", "slo_violation_rate", "backend"]
@@ -40,7 +45,26 @@ def build_runs():
 
 
 def mechanism_for(*regimes: str, sync_ratio: float = 1.3) -> MechanismEvidence:
-    return MechanismEvidence(regimes={r: {"sync_ratio": sync_ratio, "pressure_ratio": 1.6} for r in regimes})
+    """Mechanism evidence whose drift-corrected bound is just below the paired ratio."""
+    return MechanismEvidence(regimes={
+        r: {"sync_ratio_paired": sync_ratio, "drift_ratio": 1.0, "gate_ratio": sync_ratio,
+            "gate_ratio_ci_low": sync_ratio * 0.98} for r in regimes})
+
+
+def licensed_fidelity(*regimes: str, policy: str = "wa_diloco", seeds: Sequence[int] = (0, 1, 2)) -> FidelityEvidence:
+    """A fitted simulator that meets every target, with the same sign as the real server on `seeds`."""
+    return FidelityEvidence(
+        calibration="fitted", fit_seeds=[9], held_out_seeds=list(seeds), n_held_out_replays=4 * len(seeds),
+        p95_rel_error_max=0.1, p95_rel_error_mean=0.05, slo_abs_error_pp_max=1.0, slo_abs_error_pp_mean=0.5,
+        sync_ratio_sim_over_real=1.0,
+        sign_agreement=[{"regime": r, "policy": policy, "seed": s, "n_draws": 3, "real_delta_pct": -2.0,
+                         "sim_delta_pct": -1.5} for r in regimes for s in seeds],
+    )
+
+
+@pytest.fixture
+def fidelity():
+    return licensed_fidelity
 
 
 @pytest.fixture
@@ -51,7 +75,9 @@ def mechanism():
 @pytest.fixture
 def clear_winner() -> pd.DataFrame:
     """6 seeds, very different no-sync levels; ``wa_diloco`` adds 1 pp where
-    matched random adds about 5 pp and ``fixed_h`` 5 pp: it wins every seed."""
+    matched random adds about 5 pp, its even cadence 4 pp and its SLO oracle
+    0 pp: it wins every seed and closes 80 % of the gap. ``fixed_h`` adds 5 pp,
+    like its draws and its even cadence."""
     no_sync = [0.01, 0.30, 0.05, 0.60, 0.10, 0.20]
     return runs_frame(
         no_sync=no_sync,
@@ -59,5 +85,9 @@ def clear_winner() -> pd.DataFrame:
         draws={
             "wa_diloco": [[b + 0.04, b + 0.05, b + 0.06] for b in no_sync],
             "fixed_h": [[b + 0.045, b + 0.05, b + 0.055] for b in no_sync],
+        },
+        references={
+            "even_cadence": {"wa_diloco": [b + 0.04 for b in no_sync], "fixed_h": [b + 0.05 for b in no_sync]},
+            "slo_oracle": {"wa_diloco": list(no_sync), "fixed_h": list(no_sync)},
         },
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -59,32 +60,71 @@ def test_a_tie_with_the_envelope_mean_is_not_a_win(build_runs):
     assert summary["p_vs_matched_random"] == 1.0
 
 
-def test_paired_p_values_against_matched_random_and_fixed_h(clear_winner):
-    policies = protocol_of(clear_winner).policies.set_index("policy")
+def test_rank_and_sign_flip_p_values_and_gap_closed(clear_winner):
+    result = protocol_of(clear_winner)
+    policies = result.policies.set_index("policy")
     winner = policies.loc["wa_diloco"]
     assert winner["n_seeds"] == 6 and winner["seeds_won"] == 6
+    assert winner["p_rank"] == pytest.approx(4.0 ** -6)  # lowest of 4 on all 6 seeds
+    assert winner["rank_mean"] == 0.0
     assert winner["p_vs_matched_random"] == pytest.approx(1 / 64)
-    assert winner["p_vs_fixed_h"] == pytest.approx(1 / 64)
-    assert winner["n_seeds_vs_fixed_h"] == 6
+    assert winner["p_vs_fixed_cadence"] == pytest.approx(1 / 64)  # 6/6 below the even cadence
+    assert winner["gap_closed_mean"] == pytest.approx(0.8) and winner["gap_closed_seeds"] == 6
+    assert winner["even_sync_excess_pct_mean"] == pytest.approx(4.0)
+    assert winner["oracle_sync_excess_pct_mean"] == pytest.approx(0.0)
     assert winner["ci_low"] < winner["sync_excess_pct_mean"] < winner["ci_high"]
-    assert policies.loc["fixed_h", "p_vs_fixed_h"] == 1.0  # not tested against itself
+    assert policies.loc["fixed_h", "p_vs_fixed_cadence"] == 1.0  # ties its own even cadence everywhere
+    assert result.seeds.loc[result.seeds["policy"] == "wa_diloco", "gap_closed"].tolist() == pytest.approx([0.8] * 6)
 
 
-def test_reference_rows_are_described_not_tested(clear_winner):
+def test_adjusted_p_gatekeeps_on_the_declared_primary(clear_winner):
+    plain = run_protocol(load_runs_table(clear_winner)).policies.set_index("policy")
+    assert plain.loc["wa_diloco", "p_adjusted"] == pytest.approx(2 * 4.0 ** -6)  # one Holm family of two
+    gated = run_protocol(load_runs_table(clear_winner), primary=("fixed_h", "bursty")).policies.set_index("policy")
+    assert gated.loc["fixed_h", "p_adjusted"] == gated.loc["fixed_h", "p_rank"]
+    assert gated.loc["wa_diloco", "p_adjusted"] == gated.loc["fixed_h", "p_rank"]  # the failed gate caps it
+    assert bool(gated.loc["fixed_h", "primary"]) and not bool(gated.loc["wa_diloco", "primary"])
+
+
+def test_a_gap_random_already_closed_is_left_out(build_runs):
+    frame = build_runs(
+        no_sync=[0.1, 0.1], policies={"wa_diloco": [0.1, 0.15]}, draws={"wa_diloco": [[0.1, 0.1], [0.2, 0.2]]},
+        references={"slo_oracle": {"wa_diloco": [0.1, 0.1]}},
+    )
+    summary = protocol_of(frame).policies.set_index("policy").loc["wa_diloco"]
+    assert summary["gap_closed_seeds"] == 1 and summary["gap_closed_mean"] == pytest.approx(0.5)
+
+
+def test_training_non_inferiority_against_fixed_h(build_runs):
+    no_sync = [0.1] * 6
+    frame = build_runs(no_sync=no_sync, policies={"fixed_h": no_sync, "wa_diloco": no_sync, "wa_forecast": no_sync},
+                       draws={p: [[0.2]] * 6 for p in ("fixed_h", "wa_diloco", "wa_forecast")})
+    losses = {"fixed_h": [4.0] * 6, "wa_diloco": [4.0, 4.01, 3.99, 4.0, 4.02, 3.98], "wa_forecast": [4.2] * 6}
+    frame["eval_loss"] = [
+        losses[r.policy][r.seed] if r.policy in losses else np.nan for r in frame.itertuples()
+    ]
+    policies = run_protocol(load_runs_table(frame), loss_margin=0.01).policies.set_index("policy")
+    assert policies.loc["fixed_h", "training"] == "non-inferior"
+    assert policies.loc["wa_diloco", "training"] == "non-inferior"
+    assert policies.loc["wa_forecast", "training"] == "hurts training"
+    assert policies.loc["wa_forecast", "loss_rel_diff_mean"] == pytest.approx(0.05)
+    no_losses = protocol_of(frame.drop(columns="eval_loss")).policies.set_index("policy")
+    assert no_losses.loc["wa_diloco", "training"] == "not measured"
+
+
+def test_references_are_columns_and_no_sync_the_only_reference_row(clear_winner):
     policies = protocol_of(clear_winner).policies.set_index("policy")
-    assert set(policies.index) == {"no_sync", "matched_random", "wa_diloco", "fixed_h"}
+    assert set(policies.index) == {"no_sync", "wa_diloco", "fixed_h"}
     assert policies.loc["no_sync", "sync_excess_pct_mean"] == 0.0
-    assert policies.loc["matched_random", "sync_excess_pct_mean"] == pytest.approx(5.0)
-    for policy in ("no_sync", "matched_random"):
-        assert policies.loc[policy, ["p_vs_matched_random", "p_unpaired", "p_vs_fixed_h"]].tolist() == [1.0] * 3
-    assert not policies[["p_vs_matched_random", "p_unpaired", "p_vs_fixed_h"]].isna().any().any()
+    assert policies.loc["no_sync", ["p_rank", "p_vs_matched_random", "p_vs_fixed_cadence", "p_adjusted"]].tolist() == [1.0] * 4
 
 
 def test_single_seed_gives_no_evidence_but_no_nan(build_runs):
     frame = build_runs(no_sync=[0.1], policies={"wa_diloco": [0.1]}, draws={"wa_diloco": [[0.3, 0.4]]})
     winner = protocol_of(frame).policies.set_index("policy").loc["wa_diloco"]
     assert winner["seeds_won"] == 1
-    assert (winner["p_vs_matched_random"], winner["p_unpaired"], winner["p_vs_fixed_h"]) == (1.0, 1.0, 1.0)
+    assert winner["p_vs_matched_random"] == 1.0 and winner["p_vs_fixed_cadence"] == 1.0
+    assert winner["p_rank"] == pytest.approx(1 / 3)  # one seed: the smallest exact p is 1 / (K + 1)
     assert (winner["ci_low"], winner["ci_high"]) == (float("-inf"), float("inf"))
 
 

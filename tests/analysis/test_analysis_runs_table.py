@@ -110,7 +110,7 @@ def test_without_matched_to_draws_match_every_controller_of_the_seed(good):
     table = load_runs_table(
         pd.concat([good, good[good["policy"] == "wa_diloco"].assign(policy="fixed_h")]).drop(columns="matched_to")
     )
-    draws = table.matched_draws()
+    draws = table.matched_rows()
     assert sorted(draws["matched_to"].unique()) == ["fixed_h", "wa_diloco"]
     assert len(draws) == 2 * (good["policy"] == "matched_random").sum()
 

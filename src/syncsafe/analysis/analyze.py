@@ -5,11 +5,13 @@ claim tiers and writes, into ``out_dir``:
 
 * ``policy_table.csv``: one row per regime x policy; the contract columns
   ``regime, policy, n_seeds, slo_pct_mean, sync_excess_pct_mean,
-  p_vs_matched_random, seeds_won, tier`` first, then ``reason`` and the
-  supporting numbers.
+  p_vs_matched_random, seeds_won, tier, p_rank, p_adjusted, gap_closed_mean,
+  gap_closed_ci_low, gap_closed_ci_high, calibration`` first, then
+  ``reason`` and the supporting numbers.
 * ``envelope.csv``: one row per controller run (regime x policy x seed):
-  sync-excess and the matched-random envelope (min/mean/max).
-* ``metrics.json``: flat DVC metrics (see :mod:`syncsafe.analysis.metrics`).
+  sync-excess, the matched-random envelope (min/mean/max), rank, references
+  and gap closed.
+* ``metrics.json``: the headline DVC metrics (see :mod:`syncsafe.analysis.metrics`).
 * ``report.md`` and the figure it references.
 
 Everything is computed in memory first; the files are then written to
@@ -27,12 +29,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
+from syncsafe.analysis.evidence import FidelityEvidence, MechanismEvidence
 from syncsafe.analysis.figures import ENVELOPE_FIGURE, envelope_figure, write_png
-from syncsafe.analysis.metrics import flat_metrics
-from syncsafe.analysis.protocol import run_protocol
-from syncsafe.analysis.report import render_report
+from syncsafe.analysis.metrics import headline_metrics
+from syncsafe.analysis.protocol import DEFAULT_LOSS_MARGIN, run_protocol
+from syncsafe.analysis.report import ReportContext, render_report
 from syncsafe.analysis.runs_table import load_runs_table
-from syncsafe.analysis.verdicts import DEFAULT_ALPHA, MechanismEvidence, assign_tiers
+from syncsafe.analysis.verdicts import DEFAULT_ALPHA, assign_tiers
 from syncsafe.io import atomic_path
 
 POLICY_TABLE = "policy_table.csv"
@@ -49,6 +52,12 @@ CONTRACT_COLUMNS = (
     "p_vs_matched_random",
     "seeds_won",
     "tier",
+    "p_rank",
+    "p_adjusted",
+    "gap_closed_mean",
+    "gap_closed_ci_low",
+    "gap_closed_ci_high",
+    "calibration",
 )
 ENVELOPE_COLUMNS = (
     "regime",
@@ -65,7 +74,14 @@ ENVELOPE_COLUMNS = (
     "mr_slo_pct_mean",
     "mr_slo_pct_max",
     "delta_vs_mr_pct",
+    "rank",
     "won",
+    "mrf_sync_excess_pct_mean",
+    "even_sync_excess_pct",
+    "oracle_sync_excess_pct",
+    "bound_sync_excess_pct",
+    "gap_closed",
+    "loss_rel_vs_fixed_h",
 )
 
 Writer = Callable[[Path], None]
@@ -78,7 +94,7 @@ class AnalysisResult:
     policy_table: pd.DataFrame
     envelope: pd.DataFrame
     seeds: pd.DataFrame
-    metrics: dict[str, float | int]
+    metrics: dict[str, object]
     report: str
     files: Mapping[str, Path] = field(default_factory=dict)
 
@@ -89,6 +105,9 @@ def analyze_runs(
     mechanism: MechanismEvidence | None = None,
     alpha: float = DEFAULT_ALPHA,
     *,
+    fidelity: FidelityEvidence | None = None,
+    primary: tuple[str, str] | None = None,
+    loss_margin: float = DEFAULT_LOSS_MARGIN,
     confidence: float = 0.95,
     extra_sections: list[str] | None = None,
     extra_files: Mapping[str, Writer] | None = None,
@@ -97,17 +116,19 @@ def analyze_runs(
 
     `extra_sections` (Markdown) are appended to the report and `extra_files`
     (name -> writer of a temporary path) are written with the rest, all or
-    nothing.
+    nothing. `primary` is the declared ``(policy, regime)`` tested first
+    (None: one Holm family); `fidelity` licenses (or not) the rows replayed on
+    the simulator.
     """
     table = load_runs_table(runs if isinstance(runs, pd.DataFrame) else Path(runs))
-    protocol = run_protocol(table, confidence=confidence)
-    policy_table = _ordered(assign_tiers(protocol.policies, mechanism, alpha=alpha))
+    protocol = run_protocol(table, primary=primary, loss_margin=loss_margin, confidence=confidence)
+    policy_table = _ordered(assign_tiers(protocol.policies, mechanism, fidelity=fidelity, alpha=alpha))
     envelope = protocol.seeds.loc[protocol.seeds["n_draws"].notna(), list(ENVELOPE_COLUMNS)]
     envelope = envelope.astype({"n_draws": int}).reset_index(drop=True)
-    metrics = flat_metrics(policy_table, alpha=alpha)
-    report = render_report(
-        policy_table, protocol.seeds, source=table.source, alpha=alpha, mechanism=mechanism, figure=ENVELOPE_FIGURE
-    )
+    metrics = headline_metrics(policy_table, alpha=alpha, fidelity=fidelity)
+    context = ReportContext(source=table.source, alpha=alpha, mechanism=mechanism, fidelity=fidelity,
+                            primary=primary, loss_margin=loss_margin, seeds=sorted(table.frame["seed"].unique()))
+    report = render_report(policy_table, protocol.seeds, context, figure=ENVELOPE_FIGURE)
     if extra_sections:
         report = report.rstrip("\n") + "\n\n" + "\n\n".join(extra_sections) + "\n"
     figure = envelope_figure(protocol.seeds)
@@ -147,5 +168,5 @@ def _ordered(policy_table: pd.DataFrame) -> pd.DataFrame:
     return policy_table[leading + rest].sort_values(["regime", "policy"], ignore_index=True)
 
 
-def _json(metrics: Mapping[str, float | int]) -> str:
+def _json(metrics: Mapping[str, object]) -> str:
     return json.dumps(metrics, indent=2, sort_keys=True, allow_nan=False) + "\n"

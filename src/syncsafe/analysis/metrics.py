@@ -1,45 +1,80 @@
-"""The policy table flattened into DVC metrics.
+"""The headline figures a person compares across commits (``reports/metrics.json``).
 
-A flat JSON object: ``"<regime>/<policy>/<column>": number`` for the
-numeric policy-table columns, plus ``alpha``. Only finite numbers are
-written (JSON has no NaN/inf; an unbounded one-seed interval is omitted).
-The tier appears as ``tier_rank`` (0 reference, 1 stress harness only,
-2 mechanism transfers, 3 beats fixed cadence, 4 beats matched random); the
-tier names are in ``policy_table.csv``.
+``dvc metrics show`` and ``dvc metrics diff`` (which the repro DAG logs) print
+every key, so this file holds only what a reader compares between runs; the
+full table stays in ``policy_table.csv``:
+
+- ``alpha``;
+- ``primary``: the declared primary test's ``p_rank``, ``p_adjusted``,
+  ``gap_closed`` and ``tier_rank``;
+- per regime: the best controller's ``p_adjusted`` and ``gap_closed`` (best:
+  lowest adjusted p, then most gap closed), the highest ``tier_rank`` reached
+  and how many controllers beat matched random;
+- ``fidelity``: the simulator's held-out errors, sign agreement and whether
+  it licenses verdicts (1) or not (0).
+
+Only finite numbers are written (JSON has no NaN/inf). Tier ranks: 1 stress
+harness only, 2 mechanism transfers, 3 beats fixed cadence, 4 beats matched
+random.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pandas as pd
 
-from syncsafe.analysis.runs_table import LATENCY_COLUMNS
-
-METRIC_COLUMNS = (
-    "n_seeds",
-    "slo_pct_mean",
-    "sync_excess_pct_mean",
-    "ci_low",
-    "ci_high",
-    "mr_sync_excess_pct_mean",
-    "delta_vs_mr_pct_mean",
-    "seeds_won",
-    "p_vs_matched_random",
-    "p_unpaired",
-    "p_vs_fixed_h",
-    "tier_rank",
-    *(f"{column}_mean" for column in LATENCY_COLUMNS),
-)
+from syncsafe.analysis.evidence import FidelityEvidence
+from syncsafe.analysis.runs_table import is_controller
+from syncsafe.analysis.verdicts import Tier
 
 
-def flat_metrics(policies: pd.DataFrame, *, alpha: float) -> dict[str, float | int]:
-    """``{"alpha": ..., "<regime>/<policy>/<column>": value, ...}``, finite only."""
-    metrics: dict[str, float | int] = {"alpha": alpha}
-    columns = [c for c in METRIC_COLUMNS if c in policies.columns]
-    for row in policies.to_dict("records"):
-        for column in columns:
-            value = row[column]
-            if isinstance(value, (int, float)) and math.isfinite(value):
-                metrics[f"{row['regime']}/{row['policy']}/{column}"] = value
+def headline_metrics(policies: pd.DataFrame, *, alpha: float, fidelity: FidelityEvidence | None) -> dict[str, Any]:
+    """The nested, finite-only metrics object (see the module docstring)."""
+    metrics: dict[str, Any] = {"alpha": alpha}
+    controllers = policies[policies["policy"].map(is_controller)]
+    primary = controllers[controllers["primary"]] if "primary" in controllers else controllers.iloc[0:0]
+    if not primary.empty:
+        row = primary.iloc[0]
+        metrics["primary"] = _finite(
+            {"p_rank": row["p_rank"], "p_adjusted": row["p_adjusted"], "gap_closed": row["gap_closed_mean"],
+             "tier_rank": row["tier_rank"]}
+        )
+    for regime, rows in controllers.groupby("regime", sort=True):
+        best = rows.assign(_gap=rows["gap_closed_mean"].fillna(-math.inf)).sort_values(
+            ["p_adjusted", "_gap"], ascending=[True, False]
+        ).iloc[0]
+        metrics[str(regime)] = _finite(
+            {
+                "best_p_adjusted": best["p_adjusted"],
+                "best_gap_closed": best["gap_closed_mean"],
+                "top_tier_rank": rows["tier_rank"].max(),
+                "n_beats_matched_random": int((rows["tier"] == Tier.BEATS_MATCHED_RANDOM).sum()),
+            }
+        )
+    if fidelity is not None:
+        agreements = fidelity.sign_agreement
+        metrics["fidelity"] = _finite(
+            {
+                "licensed": int(fidelity.licenses()),
+                "fitted": int(fidelity.calibration == "fitted"),
+                "p95_rel_error_max": fidelity.p95_rel_error_max,
+                "slo_abs_error_pp_max": fidelity.slo_abs_error_pp_max,
+                "sync_ratio_sim_over_real": fidelity.sync_ratio_sim_over_real,
+                "sign_agreement": sum(a.agree for a in agreements) / len(agreements) if agreements else None,
+            }
+        )
     return metrics
+
+
+#: Keys that count things (written as integers).
+COUNT_KEYS = frozenset({"tier_rank", "top_tier_rank", "n_beats_matched_random", "licensed", "fitted"})
+
+
+def _finite(values: dict[str, Any]) -> dict[str, float | int]:
+    out: dict[str, float | int] = {}
+    for key, value in values.items():
+        if value is not None and math.isfinite(float(value)):
+            out[key] = int(value) if key in COUNT_KEYS else float(value)
+    return out

@@ -1,19 +1,35 @@
 """The evidence protocol's numbers: per seed, then per regime x policy.
 
-Per seed (:func:`seed_scores`), every policy run gets its raw SLO %, its
-sync-excess % against the same seed's ``no_sync`` replay, and, for a
-controller, the matched-random envelope of that seed and whether it won the
-seed (SLO strictly below the envelope mean).
+Per seed (:func:`seed_scores`), every controller run gets its raw SLO %, its
+sync-excess % against the same seed's ``no_sync`` replay, its matched-random
+envelope (draws from its own action space), its normalised rank among those
+draws, the free-placement envelope, its evenly spaced twin, its SLO oracle
+and offline bound, the share of the random-to-oracle gap it closes, and its
+eval loss relative to ``fixed_h`` on the same seed.
 
-Per regime x policy across seeds (:func:`summarize_policies`): mean SLO %,
-mean sync-excess % with a seeded bootstrap interval, latency and merge means
-when the table carries them, seeds won, the paired one-sided p-value against
-the matched-random mean, the unpaired one against all draws, and the paired
-one against ``fixed_h``'s sync-excess on the same seeds. Reference rows
-(``no_sync``, ``matched_random``, ``offline_bound``) get the descriptive
-numbers and p-values of 1.0 (not tested: no claim is made for them).
+Per regime x policy across seeds (:func:`summarize_policies`):
 
-Tiers are not assigned here; see :mod:`syncsafe.analysis.verdicts`.
+- ``p_rank``: the primary test, the exact within-seed rank test against the
+  matched-random draws (:func:`syncsafe.analysis.stats.rank_test`);
+- ``p_adjusted``: ``p_rank`` through the declared primary and Holm
+  (:mod:`syncsafe.analysis.multiplicity`); tiers use it;
+- ``p_vs_matched_random``: the paired sign-flip test against the envelope
+  mean, kept as a secondary column (it assumes a symmetric null that skewed,
+  zero-inflated SLO rates do not have);
+- ``p_vs_fixed_cadence`` (exact sign test against the evenly spaced twin)
+  and its Holm-adjusted ``p_vs_fixed_cadence_adjusted`` over all controllers
+  and regimes;
+- ``gap_closed_mean`` and its bootstrap interval: per seed
+  ``(matched random - controller) / (matched random - oracle)``, seeds where
+  random already sits at the oracle left out;
+- training non-inferiority against ``fixed_h``: ``loss_rel_diff_mean``, its
+  interval, and ``training`` (``non-inferior``, ``not shown non-inferior``,
+  ``hurts training`` or ``not measured``).
+
+``no_sync`` is the only reference row; the per-controller references are
+columns of their controller's row (averaging references of controllers with
+different merge counts would mean nothing). Tiers are assigned in
+:mod:`syncsafe.analysis.verdicts`.
 """
 
 from __future__ import annotations
@@ -26,24 +42,20 @@ import numpy as np
 import pandas as pd
 
 from syncsafe.analysis import stats
-from syncsafe.analysis.envelope import ENVELOPE_KEY, draw_scores, seed_envelopes
-from syncsafe.analysis.runs_table import (
-    FIXED_H,
-    LATENCY_COLUMNS,
-    MATCHED_RANDOM,
-    NO_SYNC,
-    OFFLINE_BOUND,
-    RunsTable,
-    is_controller,
-)
+from syncsafe.analysis.envelope import ENVELOPE_KEY, ENVELOPES, draw_scores, seed_envelopes, seed_references
+from syncsafe.analysis.multiplicity import gatekept_adjusted, holm_adjusted
+from syncsafe.analysis.runs_table import FIXED_H, LATENCY_COLUMNS, MATCHED_RANDOM, NO_SYNC, RunsTable, is_controller
 from syncsafe.analysis.sync_excess import no_sync_baseline, with_sync_excess
 
-ROLES = {NO_SYNC: "baseline", MATCHED_RANDOM: "envelope", OFFLINE_BOUND: "oracle", FIXED_H: "fixed cadence"}
+ROLES = {NO_SYNC: "baseline", FIXED_H: "fixed cadence"}
 CONTROLLER_ROLE = "controller"
+DEFAULT_LOSS_MARGIN = 0.01
+#: A random-to-oracle gap narrower than this (pp) leaves nothing to close on that seed.
+MIN_GAP_PP = 1e-6
 
 
 def role_of(policy: str) -> str:
-    """``baseline``, ``envelope``, ``oracle``, ``fixed cadence`` or ``controller``."""
+    """``baseline``, ``fixed cadence`` or ``controller``."""
     return ROLES.get(policy, CONTROLLER_ROLE)
 
 
@@ -61,36 +73,57 @@ class ProtocolResult:
     policies: pd.DataFrame
 
 
-def run_protocol(table: RunsTable, *, confidence: float = 0.95) -> ProtocolResult:
-    """Score every run, build the envelopes and summarize each regime x policy."""
+def run_protocol(
+    table: RunsTable,
+    *,
+    primary: tuple[str, str] | None = None,
+    loss_margin: float = DEFAULT_LOSS_MARGIN,
+    confidence: float = 0.95,
+) -> ProtocolResult:
+    """Score every run, build the envelopes and summarize each regime x policy.
+
+    `primary` is the declared ``(policy, regime)`` tested first; None (or a
+    pair the table lacks) makes every test one Holm family.
+    """
     baseline = no_sync_baseline(table)
     draws = draw_scores(table, baseline)
     seeds = seed_scores(table, baseline, draws)
-    return ProtocolResult(seeds=seeds, draws=draws, policies=summarize_policies(seeds, draws, confidence=confidence))
+    policies = summarize_policies(seeds, draws, loss_margin=loss_margin, confidence=confidence)
+    return ProtocolResult(seeds=seeds, draws=draws, policies=with_adjusted_p(policies, primary))
 
 
 def seed_scores(table: RunsTable, baseline: pd.DataFrame, draws: pd.DataFrame) -> pd.DataFrame:
-    """Per regime x policy x seed: SLO %, sync-excess %, envelope, win.
+    """Per regime x policy x seed, for controllers and ``no_sync``; see the module docstring.
 
     Columns: ``regime, policy, role, seed, backend, slo_pct, no_sync_slo_pct,
-    sync_excess_pct``, the table's latency columns (seed means), and for
-    controllers ``n_draws, mr_{slo,sync_excess}_pct_{min,mean,max},
-    delta_vs_mr_pct, won`` (NaN / False on reference rows). A
-    ``matched_random`` row holds the mean over that seed's draws.
+    sync_excess_pct``, the table's latency columns, and for controllers
+    ``n_draws, mr_{slo,sync_excess}_pct_{min,mean,max}, delta_vs_mr_pct,
+    rank, won, mrf_*, even_sync_excess_pct, oracle_sync_excess_pct,
+    bound_sync_excess_pct, gap_closed, loss_rel_vs_fixed_h``.
     """
     runs = _runs_per_seed(table)
     scored = with_sync_excess(runs, baseline).drop(columns="slo_violation_rate")
-    scored = scored.merge(seed_envelopes(draws), on=ENVELOPE_KEY, how="left")
+    for policy, prefix in ENVELOPES.items():
+        scored = scored.merge(seed_envelopes(draw_scores(table, baseline, policy) if policy != MATCHED_RANDOM
+                                             else draws, prefix), on=ENVELOPE_KEY, how="left")
+    scored = scored.merge(seed_references(table, baseline), on=ENVELOPE_KEY, how="left")
     scored["delta_vs_mr_pct"] = scored["sync_excess_pct"] - scored["mr_sync_excess_pct_mean"]
+    controller = scored["policy"].map(is_controller).to_numpy(dtype=bool)
     below = stats.quantised(scored["sync_excess_pct"]) < stats.quantised(scored["mr_sync_excess_pct_mean"])
-    scored["won"] = below & scored["policy"].map(is_controller).to_numpy(dtype=bool)
+    scored["won"] = below & controller
+    scored["rank"] = _normalised_ranks(scored, draws)
+    gap = scored["mr_sync_excess_pct_mean"] - scored["oracle_sync_excess_pct"]
+    closed = (scored["mr_sync_excess_pct_mean"] - scored["sync_excess_pct"]) / gap
+    scored["gap_closed"] = closed.where(gap > MIN_GAP_PP)
+    scored["loss_rel_vs_fixed_h"] = _loss_vs_fixed_h(scored)
     scored.insert(2, "role", scored["policy"].map(role_of))
     return scored.sort_values(ENVELOPE_KEY, ignore_index=True)
 
 
 def _runs_per_seed(table: RunsTable) -> pd.DataFrame:
-    """Mean over a seed's rows (one row, except draws and multiply-matched bounds)."""
-    frame = table.frame.assign(backend=table.frame["backend"].fillna("unspecified"))
+    """Controller and no-sync runs: the mean over a seed's rows (one row, unless a table repeats a baseline)."""
+    frame = table.frame[table.frame["policy"].map(is_controller) | (table.frame["policy"] == NO_SYNC)]
+    frame = frame.assign(backend=frame["backend"].fillna("unspecified"))
     grouped = frame.groupby(ENVELOPE_KEY)
     runs = grouped[["slo_violation_rate", *table.latency_columns]].mean()
     runs.insert(0, "backend", grouped["backend"].agg(_joined))
@@ -102,27 +135,45 @@ def _joined(labels: Iterable[str]) -> str:
     return "+".join(sorted({part for label in labels for part in label.split("+")}))
 
 
-def summarize_policies(seeds: pd.DataFrame, draws: pd.DataFrame, *, confidence: float = 0.95) -> pd.DataFrame:
-    """Per regime x policy across seeds; see the module docstring.
+def _draw_samples(draws: pd.DataFrame) -> dict[tuple[str, str, int], np.ndarray]:
+    return {key: group["sync_excess_pct"].to_numpy() for key, group in draws.groupby(ENVELOPE_KEY)}
 
-    Columns: ``regime, policy, role, backend, n_seeds, slo_pct_mean,
-    sync_excess_pct_mean, ci_low, ci_high`` (bootstrap interval of the mean
-    sync-excess; unbounded with one seed), latency means, ``n_draws,
-    mr_sync_excess_pct_{min,mean,max}`` (per-seed envelope averaged over
-    seeds), ``delta_vs_mr_pct_mean, seeds_won, p_vs_matched_random,
-    p_unpaired, n_seeds_vs_fixed_h, delta_vs_fixed_h_pct_mean, p_vs_fixed_h``.
-    """
+
+def _normalised_ranks(scored: pd.DataFrame, draws: pd.DataFrame) -> pd.Series:
+    """Per run: (mid-rank - 1) / K among itself and its K draws (0 best, 1 worst); NaN without draws."""
+    samples = _draw_samples(draws)
+    ranks = []
+    for regime, policy, seed, value in scored[[*ENVELOPE_KEY, "sync_excess_pct"]].itertuples(index=False):
+        sample = samples.get((regime, policy, seed))
+        ranks.append(np.nan if sample is None else stats.rank_test([value], [sample]).rank_mean)
+    return pd.Series(ranks, index=scored.index, dtype=float)
+
+
+def _loss_vs_fixed_h(scored: pd.DataFrame) -> pd.Series:
+    """Relative eval-loss difference to fixed_h on the same regime and seed (NaN where either is missing)."""
+    if "eval_loss" not in scored.columns:
+        return pd.Series(np.nan, index=scored.index)
+    fixed = scored[scored["policy"] == FIXED_H][["regime", "seed", "eval_loss"]].rename(columns={"eval_loss": "ref"})
+    ref = scored[["regime", "seed"]].merge(fixed, on=["regime", "seed"], how="left")["ref"].to_numpy()
+    return pd.Series((scored["eval_loss"].to_numpy() - ref) / ref, index=scored.index)
+
+
+def summarize_policies(
+    seeds: pd.DataFrame,
+    draws: pd.DataFrame,
+    *,
+    loss_margin: float = DEFAULT_LOSS_MARGIN,
+    confidence: float = 0.95,
+) -> pd.DataFrame:
+    """Per regime x policy across seeds; see the module docstring for the evidence columns."""
     latency = [c for c in LATENCY_COLUMNS if c in seeds.columns]
+    samples = _draw_samples(draws)
     rows = []
     for (regime, policy), runs in seeds.groupby(["regime", "policy"], sort=True):
-        fixed_h = seeds[(seeds["regime"] == regime) & (seeds["policy"] == FIXED_H)]
-        policy_draws = draws[(draws["regime"] == regime) & (draws["policy"] == policy)]
-        rows.append(
-            {
-                **_describe(regime, policy, runs, latency, confidence),
-                **_evidence(policy, runs, policy_draws, fixed_h),
-            }
-        )
+        row = _describe(regime, policy, runs, latency, confidence)
+        if is_controller(policy):
+            row |= _evidence(runs, samples, confidence) | _training(runs, loss_margin, confidence)
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -139,33 +190,71 @@ def _describe(regime: str, policy: str, runs: pd.DataFrame, latency: list[str], 
         "ci_low": ci_low,
         "ci_high": ci_high,
         **{f"{column}_mean": float(runs[column].mean()) for column in latency},
+        "seeds_won": 0,
+        "p_rank": stats.NO_EVIDENCE_P,
+        "p_vs_matched_random": stats.NO_EVIDENCE_P,
+        "p_vs_fixed_cadence": stats.NO_EVIDENCE_P,
     }
 
 
-def _evidence(policy: str, runs: pd.DataFrame, draws: pd.DataFrame, fixed_h: pd.DataFrame) -> dict[str, Any]:
-    """Envelope summary and the three one-sided tests (1.0 where untested)."""
-    controller = is_controller(policy)
-    vs_mr = stats.paired_test(runs["sync_excess_pct"], runs["mr_sync_excess_pct_mean"]) if controller else _untested()
-    unpaired = stats.unpaired_test(runs["sync_excess_pct"], draws["sync_excess_pct"]) if controller else _untested()
-    vs_fixed = _vs_fixed_h(runs, fixed_h) if controller and policy != FIXED_H else _untested()
+def _evidence(runs: pd.DataFrame, samples: dict, confidence: float) -> dict[str, Any]:
+    """The envelope summary and the tests against matched random and the even cadence."""
+    keys = list(runs[ENVELOPE_KEY].itertuples(index=False, name=None))
+    with_draws = [k in samples for k in keys]
+    matched = runs[with_draws]
+    rank = stats.rank_test(matched["sync_excess_pct"], [samples[k] for k, ok in zip(keys, with_draws) if ok])
+    vs_mr = stats.paired_test(matched["sync_excess_pct"], matched["mr_sync_excess_pct_mean"])
+    even = runs[runs["even_sync_excess_pct"].notna()]
+    vs_even = stats.sign_test(even["sync_excess_pct"], even["even_sync_excess_pct"])
+    gap = runs["gap_closed"].dropna()
+    gap_low, gap_high = stats.bootstrap_mean_ci(gap, confidence=confidence) if gap.size else (np.nan, np.nan)
     return {
-        "n_draws": int(len(draws)),
-        **{f"mr_sync_excess_pct_{s}": float(runs[f"mr_sync_excess_pct_{s}"].mean()) for s in ("min", "mean", "max")},
+        "n_draws": int(matched["n_draws"].sum()),
+        **{f"mr_sync_excess_pct_{s}": float(matched[f"mr_sync_excess_pct_{s}"].mean()) for s in ("min", "mean", "max")},
+        "mrf_sync_excess_pct_mean": float(runs["mrf_sync_excess_pct_mean"].mean()),
+        "even_sync_excess_pct_mean": float(runs["even_sync_excess_pct"].mean()),
+        "oracle_sync_excess_pct_mean": float(runs["oracle_sync_excess_pct"].mean()),
+        "bound_sync_excess_pct_mean": float(runs["bound_sync_excess_pct"].mean()),
         "delta_vs_mr_pct_mean": vs_mr.effect,
         "seeds_won": int(runs["won"].sum()),
+        "rank_mean": rank.rank_mean,
+        "p_rank": rank.p_value,
         "p_vs_matched_random": vs_mr.p_value,
-        "p_unpaired": unpaired.p_value,
-        "n_seeds_vs_fixed_h": vs_fixed.n,
-        "delta_vs_fixed_h_pct_mean": vs_fixed.effect,
-        "p_vs_fixed_h": vs_fixed.p_value,
+        "n_seeds_vs_fixed_cadence": vs_even.n,
+        "delta_vs_fixed_cadence_pct_mean": vs_even.effect,
+        "p_vs_fixed_cadence": vs_even.p_value,
+        "gap_closed_seeds": int(gap.size),
+        "gap_closed_mean": float(gap.mean()) if gap.size else np.nan,
+        "gap_closed_ci_low": gap_low,
+        "gap_closed_ci_high": gap_high,
     }
 
 
-def _vs_fixed_h(runs: pd.DataFrame, fixed_h: pd.DataFrame) -> stats.OneSidedTest:
-    """Paired over the seeds both policies ran: policy vs fixed_h sync-excess."""
-    paired = runs.merge(fixed_h[["seed", "sync_excess_pct"]], on="seed", suffixes=("", "_fixed_h"))
-    return stats.paired_test(paired["sync_excess_pct"], paired["sync_excess_pct_fixed_h"])
+def _training(runs: pd.DataFrame, loss_margin: float, confidence: float) -> dict[str, Any]:
+    """Eval loss relative to fixed_h on the same seeds: non-inferior unless worse beyond `loss_margin`."""
+    diffs = runs["loss_rel_vs_fixed_h"].dropna()
+    if diffs.empty:
+        return {"loss_rel_diff_mean": np.nan, "loss_rel_diff_ci_high": np.nan, "training": "not measured"}
+    mean = float(diffs.mean())
+    high = stats.bootstrap_mean_ci(diffs, confidence=confidence)[1]
+    if mean > loss_margin:
+        verdict = "hurts training"
+    elif high > loss_margin:
+        verdict = "not shown non-inferior"
+    else:
+        verdict = "non-inferior"
+    return {"loss_rel_diff_mean": mean, "loss_rel_diff_ci_high": high, "training": verdict}
 
 
-def _untested() -> stats.OneSidedTest:
-    return stats.OneSidedTest(n=0, effect=np.nan, p_value=stats.NO_EVIDENCE_P)
+def with_adjusted_p(policies: pd.DataFrame, primary: tuple[str, str] | None) -> pd.DataFrame:
+    """Add ``p_adjusted`` (primary, then Holm) and ``p_vs_fixed_cadence_adjusted`` (Holm)."""
+    controllers = policies[policies["policy"].map(is_controller)]
+    keys = list(zip(controllers["policy"], controllers["regime"]))
+    rank = gatekept_adjusted(dict(zip(keys, controllers["p_rank"])), primary)
+    cadence = holm_adjusted(dict(zip(keys, controllers["p_vs_fixed_cadence"])))
+    pairs = list(zip(policies["policy"], policies["regime"]))
+    return policies.assign(
+        p_adjusted=[rank.get(k, stats.NO_EVIDENCE_P) for k in pairs],
+        p_vs_fixed_cadence_adjusted=[cadence.get(k, stats.NO_EVIDENCE_P) for k in pairs],
+        primary=[k == primary for k in pairs],
+    )

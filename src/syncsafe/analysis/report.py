@@ -1,50 +1,61 @@
 """The Markdown report: readable in a minute, never claiming beyond its tier.
 
-Order: verdict table (one line per controller and regime: tier, what that
-tier licenses in words, and the reason), then one policy table per regime,
-then the per-seed matched-random envelope with the figure. Reference rows
-(no-sync, matched random, offline bound) appear in the policy tables with
-tier ``reference`` and make no claim.
+Order: a header block (runs table, seeds, calibration status and held-out
+fidelity, the test family, its order and correction, the mechanism
+evidence), the verdict table (one line per controller and regime: tier, what
+that tier licenses in words, and the reason), one policy table per regime,
+the real-vs-simulated sign agreement per held-out seed, then the per-seed
+matched-random envelope with the figure.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
 
-from syncsafe.analysis.verdicts import MechanismEvidence, Tier
+from syncsafe.analysis.evidence import FidelityEvidence, MechanismEvidence
+from syncsafe.analysis.verdicts import Tier
 
 Row = dict[str, Any]
 
 LICENSES = {
     Tier.STRESS_HARNESS_ONLY: "a stress-harness result only; no serving claim",
     Tier.MECHANISM_TRANSFERS: "merges measurably slow real serving here; no claim that this policy's timing helps",
-    Tier.BEATS_FIXED_CADENCE: "better than a fixed merge cadence; not shown better than random timing with the same budget",
-    Tier.BEATS_MATCHED_RANDOM: "SLO improvement claimed: its timing beats random timing with the same merge budget",
+    Tier.BEATS_FIXED_CADENCE: "better than its merge count evenly spaced; not shown better than random timing "
+                              "with the same count",
+    Tier.BEATS_MATCHED_RANDOM: "SLO improvement claimed: its timing beats random timing with the same merge count "
+                               "in its own action space",
     Tier.REFERENCE: "reference, not a claim",
 }
 
 
-def render_report(
-    policies: pd.DataFrame,
-    seeds: pd.DataFrame,
-    *,
-    source: str,
-    alpha: float,
-    mechanism: MechanismEvidence | None,
-    figure: str,
-) -> str:
+@dataclass(frozen=True)
+class ReportContext:
+    """What the header states besides the tables."""
+
+    source: str
+    alpha: float
+    mechanism: MechanismEvidence | None
+    fidelity: FidelityEvidence | None = None
+    primary: tuple[str, str] | None = None
+    loss_margin: float = 0.01
+    seeds: list[int] = field(default_factory=list)
+
+
+def render_report(policies: pd.DataFrame, seeds: pd.DataFrame, context: ReportContext, *, figure: str) -> str:
     """The report text. `policies` must carry tiers (see ``assign_tiers``)."""
     sections = [
-        _header(source, alpha, mechanism),
+        _header(policies, context),
         _verdicts(policies),
         *(_policy_section(regime, policies[policies["regime"] == regime]) for regime in sorted(policies["regime"].unique())),
+        _sign_agreement_section(context.fidelity),
         _envelope_section(seeds, figure),
     ]
-    return "\n\n".join(sections) + "\n"
+    return "\n\n".join(s for s in sections if s) + "\n"
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -54,19 +65,47 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> s
     return "\n".join(lines)
 
 
-def _header(source: str, alpha: float, mechanism: MechanismEvidence | None) -> str:
+def _header(policies: pd.DataFrame, context: ReportContext) -> str:
+    mechanism = context.mechanism
     if mechanism is None:
         evidence = "none supplied, so no policy can rise above *stress harness only*"
     else:
-        measured = ", ".join(f"{r}: {mechanism.describe(r)}" for r in sorted(mechanism.regimes)) or "no regimes"
-        evidence = f"{measured} (threshold {mechanism.sync_ratio_threshold:g})"
+        evidence = "; ".join(f"{r}: {mechanism.describe(r)}" for r in sorted(mechanism.regimes)) or "no regimes measured"
+    fidelity = context.fidelity
+    if fidelity is None:
+        calibration = "no fidelity evidence: rows replayed on the simulator stay at *mechanism transfers* at most"
+    else:
+        status = "licensed" if fidelity.licenses() else "NOT licensed"
+        calibration = (f"`{fidelity.calibration}`; simulator {status}: {fidelity.describe()} "
+                       f"(fit seeds {fidelity.fit_seeds}, held-out seeds {fidelity.held_out_seeds})")
+    controllers = policies[policies["tier"] != Tier.REFERENCE]
+    n_tests = len(controllers)
+    primary = context.primary
+    if primary is not None and ((controllers["policy"] == primary[0]) & (controllers["regime"] == primary[1])).any():
+        family = (f"declared primary `{primary[0]}` on `{primary[1]}` tested first at alpha; only if it is rejected are "
+                  f"the other {n_tests - 1} (policy, regime) tests judged, Holm-adjusted (fixed-sequence gatekeeping: "
+                  f"family-wise error of the table <= alpha)")
+    else:
+        family = f"no declared primary in this table: all {n_tests} (policy, regime) tests form one Holm family"
+    seeds = ", ".join(str(s) for s in context.seeds)
     return "\n".join(
         [
             "# syncsafe evidence report",
             "",
-            f"- runs table: `{source}`",
-            f"- one-sided tests at alpha = {alpha:g}; sync-excess = SLO % minus the same seed's no-sync replay (pp)",
+            f"- runs table: {context.source}",
+            f"- seeds ({len(context.seeds)}): {seeds}",
+            f"- calibration: {calibration}",
             f"- real-backend mechanism evidence: {evidence}",
+            f"- primary test: exact within-seed rank test of sync-excess against the matched-random draws from each "
+            f"controller's own action space (`p_rank`); {family}; tiers use the adjusted p (`p_adjusted`) at "
+            f"alpha = {context.alpha:g}",
+            "- fixed cadence: exact sign test against the controller's merge count evenly spaced, Holm-adjusted over "
+            "the same (policy, regime) pairs; the paired sign-flip p against the envelope mean "
+            "(`p_vs_matched_random`) is shown for reference only (it assumes a symmetric null)",
+            f"- training: eval loss relative to fixed_h on the same seeds; worse by more than {context.loss_margin:.1%} "
+            "(or not shown within it) keeps a policy from the top tier",
+            "- sync-excess = SLO % minus the same seed's no-sync replay (pp); gap closed = (matched random - "
+            "controller) / (matched random - SLO oracle) per seed",
             "- tiers, lowest to highest: stress harness only < mechanism transfers < beats fixed cadence"
             " < beats matched random; each line claims only what its tier licenses.",
         ]
@@ -102,22 +141,36 @@ def _signed(value: float) -> str:
     return _num(value, signed=True)
 
 
-def _p_vs_fixed_h(row: Row) -> str:
-    return _p(row["p_vs_fixed_h"]) if row["n_seeds_vs_fixed_h"] > 0 else "n/a"
+def _percent(value: float) -> str:
+    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.0%}"
+
+
+def _gap(row: Row) -> str:
+    low, high = row.get("gap_closed_ci_low"), row.get("gap_closed_ci_high")
+    text = _percent(row.get("gap_closed_mean"))
+    if text and low is not None and not (math.isnan(low) or math.isinf(low) or math.isinf(high)):
+        text += f" [{low:.0%}, {high:.0%}]"
+    return text
 
 
 # (header, cell of a policy-table row, shown for controllers only)
 POLICY_COLUMNS: tuple[tuple[str, Callable[[Row], str], bool], ...] = (
-    ("policy", lambda r: str(r["policy"]), False),
+    ("policy", lambda r: str(r["policy"]) + (" (primary)" if r.get("primary") else ""), False),
     ("seeds", lambda r: str(r["n_seeds"]), False),
     ("SLO %", lambda r: _num(r["slo_pct_mean"]), False),
     ("sync-excess pp", lambda r: _signed(r["sync_excess_pct_mean"]), False),
     ("95% CI (pp)", lambda r: _interval(r["ci_low"], r["ci_high"]), False),
-    ("matched-random pp", lambda r: _signed(r["mr_sync_excess_pct_mean"]), True),
+    ("matched random pp", lambda r: _signed(r["mr_sync_excess_pct_mean"]), True),
+    ("free random pp", lambda r: _signed(r["mrf_sync_excess_pct_mean"]), True),
+    ("even cadence pp", lambda r: _signed(r["even_sync_excess_pct_mean"]), True),
+    ("SLO oracle pp", lambda r: _signed(r["oracle_sync_excess_pct_mean"]), True),
+    ("gap closed", _gap, True),
     ("seeds won", lambda r: f"{r['seeds_won']}/{r['n_seeds']}", True),
-    ("p vs matched random", lambda r: _p(r["p_vs_matched_random"]), True),
-    ("p unpaired", lambda r: _p(r["p_unpaired"]), True),
-    ("p vs fixed_h", _p_vs_fixed_h, True),
+    ("p rank", lambda r: _p(r["p_rank"]), True),
+    ("p adjusted", lambda r: _p(r["p_adjusted"]), True),
+    ("p cadence (adj.)", lambda r: _p(r["p_vs_fixed_cadence_adjusted"]), True),
+    ("p sign-flip", lambda r: _p(r["p_vs_matched_random"]), True),
+    ("training", lambda r: str(r.get("training", "")), True),
 )
 OPTIONAL_POLICY_COLUMNS = (
     ("p95 ms", "p95_ms_mean"),
@@ -142,9 +195,26 @@ def _policy_section(regime: str, policies: pd.DataFrame) -> str:
     return f"## Policies: regime {regime}\n\n" + markdown_table(header, rows)
 
 
+def _sign_agreement_section(fidelity: FidelityEvidence | None) -> str:
+    if fidelity is None:
+        return ""
+    rows = [
+        (a.regime, a.policy, a.seed, a.n_draws, _signed(a.real_delta_pct), _signed(a.sim_delta_pct),
+         "yes" if a.agree else "**no**")
+        for a in fidelity.sign_agreement
+    ]
+    intro = ("## Real server vs simulator: controller minus matched random\n\n"
+             "Per real-replayed seed, the controller's SLO % minus the mean of its matched-random draws on the real "
+             "vLLM server and in the fitted simulator; a verdict above *mechanism transfers* needs the same sign on "
+             "every held-out seed.")
+    return intro + "\n\n" + (markdown_table(["regime", "policy", "seed", "draws", "real pp", "simulated pp", "same sign"],
+                                             rows) if rows else "_No real replays with matched-random draws._")
+
+
 def _envelope_section(seeds: pd.DataFrame, figure: str) -> str:
     controllers = seeds[seeds["n_draws"].notna()].sort_values(["regime", "policy", "seed"])
-    header = ["regime", "policy", "seed", "sync-excess pp", "envelope min", "envelope mean", "envelope max", "draws", "won"]
+    header = ["regime", "policy", "seed", "sync-excess pp", "envelope min", "envelope mean", "envelope max", "draws",
+              "rank", "SLO oracle pp", "won"]
     rows = [
         (
             r.regime,
@@ -155,6 +225,8 @@ def _envelope_section(seeds: pd.DataFrame, figure: str) -> str:
             _signed(r.mr_sync_excess_pct_mean),
             _signed(r.mr_sync_excess_pct_max),
             int(r.n_draws),
+            f"{r.rank:.2f}",
+            _signed(r.oracle_sync_excess_pct),
             "yes" if r.won else "no",
         )
         for r in controllers.itertuples()
@@ -163,6 +235,7 @@ def _envelope_section(seeds: pd.DataFrame, figure: str) -> str:
         "## Matched-random envelope per seed\n\n"
         f"![SLO and sync-excess by policy with the matched-random envelope]({figure})\n\n"
         "Sync-excess (pp) of each controller run against min / mean / max over its matched-random draws "
-        "(same merge budget, same seed). *won*: strictly below the envelope mean."
+        "(same merge count, same action space, same seed). *rank*: 0 best, 1 worst among itself and its draws; "
+        "*won*: strictly below the envelope mean."
     )
     return intro + "\n\n" + (markdown_table(header, rows) if rows else "_No controller runs._")

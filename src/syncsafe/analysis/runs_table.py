@@ -8,15 +8,21 @@ Policies with special roles:
 
 * ``no_sync``: the same load replayed with no merges; every other policy is
   scored as *sync-excess* against the no-sync row of the same regime and seed.
-* ``matched_random``: random schedules with the merge budget of a controller
-  run; each row is one draw of the matched-random envelope. ``matched_to``
-  names the controller whose budget it copies. When the column is absent (or
-  blank on a row), the draw matches every controller of that regime and seed.
-* ``offline_bound``: the non-deployable oracle placement (headroom only).
-* ``fixed_h``: the fixed merge cadence, the deployable baseline a controller
-  must beat before it may claim to beat matched random.
+* ``matched_random``: random schedules with the merge count of a controller
+  run, drawn from the controller's own action space; each row is one draw of
+  the matched-random envelope. ``matched_to`` names the controller whose
+  count it copies. When the column is absent (or blank on a row), the draw
+  matches every controller of that regime and seed.
+* ``matched_random_free``: the secondary reference envelope (free placement).
+* ``even_cadence``: the controller's count evenly spaced (one row per
+  controller run): the fixed cadence a controller must beat first.
+* ``slo_oracle``: the placement of the controller's count minimising the
+  simulated SLO violations (headroom; the far end of ``gap closed``).
+* ``offline_bound``: the least-busy-overlap placement (headroom only).
 
-Every other policy is a *controller* (a claim candidate). Validation fails
+Every other policy, ``fixed_h`` included, is a *controller* (a claim
+candidate). An optional ``eval_loss`` column on controller rows feeds the
+training non-inferiority check. Validation fails
 loudly with :class:`RunsTableError`, whose message starts with the table's
 source (file path, or ``<DataFrame>``) and names the offending column, value
 and row(s) (0-based data rows, header excluded).
@@ -32,11 +38,20 @@ from typing import NoReturn
 import numpy as np
 import pandas as pd
 
+from syncsafe.errors import BadInput
+
 NO_SYNC = "no_sync"
 MATCHED_RANDOM = "matched_random"
+MATCHED_RANDOM_FREE = "matched_random_free"
+EVEN_CADENCE = "even_cadence"
+SLO_ORACLE = "slo_oracle"
 OFFLINE_BOUND = "offline_bound"
 FIXED_H = "fixed_h"
-REFERENCE_POLICIES = frozenset({NO_SYNC, MATCHED_RANDOM, OFFLINE_BOUND})
+#: Policies with numbered draws.
+DRAW_POLICIES = frozenset({MATCHED_RANDOM, MATCHED_RANDOM_FREE})
+#: Schedules derived from one controller run (``matched_to`` names it).
+MATCHED_POLICIES = frozenset({MATCHED_RANDOM, MATCHED_RANDOM_FREE, EVEN_CADENCE, SLO_ORACLE, OFFLINE_BOUND})
+REFERENCE_POLICIES = frozenset({NO_SYNC}) | MATCHED_POLICIES
 
 REQUIRED_COLUMNS = ("regime", "policy", "seed", "draw", "slo_violation_rate")
 LATENCY_COLUMNS = (
@@ -46,16 +61,18 @@ LATENCY_COLUMNS = (
     "n_requests",
     "n_merges",
     "requests_during_merges",
+    "eval_loss",
 )
 LABEL_COLUMNS = ("matched_to", "backend", "source")
 BACKENDS = ("vllm", "simulator")
-SOURCES = ("harness", "train", MATCHED_RANDOM, NO_SYNC, OFFLINE_BOUND)
+SOURCES = ("harness", "train", "live", MATCHED_RANDOM, MATCHED_RANDOM_FREE, EVEN_CADENCE, NO_SYNC, OFFLINE_BOUND,
+           SLO_ORACLE)
 RUN_KEY = ("regime", "policy", "seed", "draw", "matched_to")
 
 _SHOW_ROWS = 5  # offending rows quoted in an error message
 
 
-class RunsTableError(ValueError):
+class RunsTableError(BadInput):
     """A per-run results table that the evidence protocol cannot use."""
 
     def __init__(self, source: str, message: str) -> None:
@@ -93,14 +110,14 @@ class RunsTable:
         """Rows of controller policies (``fixed_h`` included)."""
         return self.frame[self.frame["policy"].map(is_controller)]
 
-    def matched_draws(self) -> pd.DataFrame:
-        """Matched-random rows with ``matched_to`` resolved to a controller.
+    def matched_rows(self, policy: str = MATCHED_RANDOM) -> pd.DataFrame:
+        """Rows of a derived `policy` with ``matched_to`` resolved to a controller.
 
-        A draw with a blank ``matched_to`` is repeated once per controller of
+        A row with a blank ``matched_to`` is repeated once per controller of
         its regime and seed, so every returned row names exactly one
         controller in ``matched_to``.
         """
-        return _resolve_matched_to(self.frame, self.controller_runs())
+        return _resolve_matched_to(self.frame, self.controller_runs(), policy)
 
 
 def load_runs_table(runs: str | Path | pd.DataFrame) -> RunsTable:
@@ -208,9 +225,9 @@ def _rates(frame: pd.DataFrame, source: str) -> pd.Series:
 
 
 def _draws(frame: pd.DataFrame, source: str) -> pd.Series:
-    """``draw``: an integer on matched-random rows, empty everywhere else."""
+    """``draw``: an integer on matched-random rows (either envelope), empty everywhere else."""
     values = _numbers(frame, "draw", source, problem="must be an integer")
-    is_draw = frame["policy"] == MATCHED_RANDOM
+    is_draw = frame["policy"].isin(DRAW_POLICIES)
     missing = is_draw & values.isna()
     if missing.any():
         _fail_rows(source, "draw", "is empty on matched_random row(s)", frame, missing)
@@ -256,8 +273,9 @@ def _check_no_sync_baselines(frame: pd.DataFrame, source: str) -> None:
 
 
 def _check_matched_to(frame: pd.DataFrame, source: str) -> None:
-    """A draw's ``matched_to`` must name a controller run of its regime and seed."""
-    draws = frame[(frame["policy"] == MATCHED_RANDOM) & frame["matched_to"].notna()]
+    """A derived row's ``matched_to`` must name a controller run of its regime and seed."""
+    derived = frame["policy"].isin(MATCHED_POLICIES)
+    draws = frame[derived & frame["matched_to"].notna()]
     known = set(
         zip(frame["regime"], frame["seed"], frame["policy"], strict=True)
     )
@@ -269,18 +287,24 @@ def _check_matched_to(frame: pd.DataFrame, source: str) -> None:
             f"column 'matched_to' names no controller run for (regime, seed, matched_to) "
             f"{_quote(orphans)}",
         )
-    blank = frame[(frame["policy"] == MATCHED_RANDOM) & frame["matched_to"].isna()]
+    blank = frame[derived & frame["matched_to"].isna()]
     unmatched = sorted(_pairs(blank) - _pairs(frame[frame["policy"].map(is_controller)]))
     if unmatched:
         raise RunsTableError(
             source, f"matched_random draws with no controller run to match for (regime, seed) {_quote(unmatched)}"
+        )
+    stray = frame[~derived & frame["matched_to"].notna()]
+    if not stray.empty:
+        rows = list(stray.index[:_SHOW_ROWS])
+        raise RunsTableError(
+            source, f"column 'matched_to' must be empty except on {sorted(MATCHED_POLICIES)} rows, at row(s) {rows}"
         )
 
 
 def _check_draw_coverage(frame: pd.DataFrame, source: str) -> None:
     """Every controller run has at least one matched-random draw, each draw once."""
     controllers = frame[frame["policy"].map(is_controller)]
-    draws = _resolve_matched_to(frame, controllers)
+    draws = _resolve_matched_to(frame, controllers, MATCHED_RANDOM)
     repeated = draws.duplicated(["regime", "seed", "matched_to", "draw"])
     if repeated.any():
         first = draws[repeated].iloc[0]
@@ -299,8 +323,8 @@ def _check_draw_coverage(frame: pd.DataFrame, source: str) -> None:
         )
 
 
-def _resolve_matched_to(frame: pd.DataFrame, controllers: pd.DataFrame) -> pd.DataFrame:
-    draws = frame[frame["policy"] == MATCHED_RANDOM]
+def _resolve_matched_to(frame: pd.DataFrame, controllers: pd.DataFrame, policy: str) -> pd.DataFrame:
+    draws = frame[frame["policy"] == policy]
     named = draws[draws["matched_to"].notna()]
     targets = (
         controllers[["regime", "seed", "policy"]]

@@ -5,7 +5,8 @@ protocol can be exercised before real replays exist. Per regime and seed, a
 no-sync violation rate is drawn; matched-random draws add a sync-excess
 around ``random_excess``; each controller adds ``random_excess +
 effects[policy]`` plus noise (negative effect = better than random timing);
-``offline_bound`` adds a small fraction of the random excess.
+per controller run, ``even_cadence`` adds about the random excess,
+``slo_oracle`` and ``offline_bound`` a small fraction of it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from syncsafe.analysis.runs_table import FIXED_H, MATCHED_RANDOM, NO_SYNC, OFFLINE_BOUND
+from syncsafe.analysis.runs_table import EVEN_CADENCE, FIXED_H, MATCHED_RANDOM, NO_SYNC, OFFLINE_BOUND, SLO_ORACLE
 
 DEFAULT_EFFECTS: Mapping[str, float] = {
     FIXED_H: 0.0,
@@ -38,18 +39,24 @@ def synthetic_runs(
     backend: str = "simulator",
     seed: int = 0,
 ) -> pd.DataFrame:
-    """A valid runs table: ``no_sync``, ``offline_bound``, the controllers in
-    `effects` and `n_draws` matched-random draws per controller run."""
+    """A valid runs table: ``no_sync``, the controllers in `effects`, and per
+    controller run `n_draws` matched-random draws, an even cadence, an SLO
+    oracle and an offline bound."""
     rng = np.random.default_rng(seed)
     rows: list[dict[str, object]] = []
     for regime in regimes:
         for run_seed in range(n_seeds):
             no_sync = rng.uniform(0.02, 0.2)
             rows.append(_run(regime, NO_SYNC, run_seed, no_sync, 0, backend))
-            rows.append(_run(regime, OFFLINE_BOUND, run_seed, no_sync + 0.2 * random_excess, 6, backend))
             for policy, effect in effects.items():
                 excess = random_excess + effect + rng.normal(0.0, noise)
                 rows.append(_run(regime, policy, run_seed, no_sync + excess, 6, backend))
+                even = random_excess + rng.normal(0.0, noise)
+                rows.append(_run(regime, EVEN_CADENCE, run_seed, no_sync + even, 6, backend, matched_to=policy))
+                rows.append(_run(regime, SLO_ORACLE, run_seed, no_sync + 0.1 * random_excess, 6, backend,
+                                 matched_to=policy))
+                rows.append(_run(regime, OFFLINE_BOUND, run_seed, no_sync + 0.2 * random_excess, 6, backend,
+                                 matched_to=policy))
                 for draw in range(n_draws):
                     draw_excess = random_excess + rng.normal(0.0, 1.5 * noise)
                     rows.append(_run(regime, MATCHED_RANDOM, run_seed, no_sync + draw_excess, 6, backend, draw, policy))
