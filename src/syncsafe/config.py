@@ -309,6 +309,12 @@ class TrainConfig(_Strict):
     on_island_failure: Literal["fail", "continue"] = "fail"
     #: Intra-op threads per island process.
     torch_threads: Annotated[int, Field(ge=1)] = 1
+    #: Where islands train: auto = CUDA (NCCL) in the gpu profile, CPU (gloo) in the cpu profile;
+    #: `cpu` runs the gpu profile's hub model and dataset path on CPU (a rehearsal without GPUs).
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+    def uses_cuda(self, profile: str) -> bool:
+        return self.device == "cuda" or (self.device == "auto" and profile == "gpu")
 
     @model_validator(mode="after")
     def _shapes(self) -> TrainConfig:

@@ -4,8 +4,9 @@
   (cached under `models/tokenizer`, keyed by corpus and vocab size) and a
   tiny Llama built from `train.model`, seeded by the run's seed so every
   island starts from the same weights.
-- gpu: a Hugging Face model and tokenizer by name and a streamed dataset,
-  island i reading shard i of M+1 (shard M is held out for eval).
+- gpu: a Hugging Face model and tokenizer (hub id through the local cache,
+  or a local directory) and a streamed hub dataset or a local dataset
+  directory, island i reading shard i of M+1 (shard M is held out for eval).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from pathlib import Path
 import torch
 
 from syncsafe.config import Params
-from syncsafe.diloco.corpus import build_stdlib_corpus, eval_batches, island_batches, stream_hf_island_batches
+from syncsafe.diloco.corpus import (build_stdlib_corpus, eval_batches, island_batches, pack_batches,
+                                    stream_hf_island_batches)
 from syncsafe.diloco.islands import step_batches
 from syncsafe.diloco.model import TinyLlamaSpec, build_tiny_llama, load_pretrained_model
 from syncsafe.diloco.run import Resources, World
@@ -64,13 +66,22 @@ def cpu_resources(params: Params, root: Path, world: World) -> Resources:
                      batches_for=batches_for, eval_batches=held_out)
 
 
-def gpu_resources(params: Params, world: World) -> Resources:  # pragma: no cover - needs GPUs and the hub
+def gpu_resources(params: Params, world: World) -> Resources:
+    """gpu profile: a Hugging Face model and dataset, each a hub id (through the local cache) or a local
+    directory (`syncsafe.diloco.hub`); bfloat16 on CUDA, float32 when `train.device: cpu` rehearses the path."""
     from transformers import AutoTokenizer
 
+    from syncsafe.diloco.hub import is_local_dataset, local_island_texts, resolve_model
+
     cfg, hub = params.train, params.train.hub
-    tokenizer = AutoTokenizer.from_pretrained(hub.model)
+    model_dir = resolve_model(hub.model)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    dtype = torch.bfloat16 if world.device.type == "cuda" else torch.float32
 
     def stream(shard: int, shards: int, start_step: int):
+        if is_local_dataset(hub.dataset):
+            texts = local_island_texts(hub.dataset, shard, shards, hub.text_field)
+            return pack_batches(tokenizer, texts, cfg.seq_len, cfg.batch_size, start_step)
         return stream_hf_island_batches(hub.dataset, tokenizer, shard, shards, cfg.seq_len, cfg.batch_size,
                                         config_name=hub.dataset_config, text_field=hub.text_field, start_step=start_step)
 
@@ -79,7 +90,7 @@ def gpu_resources(params: Params, world: World) -> Resources:  # pragma: no cove
 
     def build_model(seed: int):
         torch.manual_seed(seed)
-        return load_pretrained_model(hub.model, dtype=torch.bfloat16).to(world.device)
+        return load_pretrained_model(model_dir, dtype=dtype).to(world.device)
 
     def batches_for(island_id: int, num_islands: int, seed: int, start_step: int):
         return step_batches(stream(island_id, num_islands + 1, start_step), start=start_step)

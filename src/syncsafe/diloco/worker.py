@@ -36,7 +36,7 @@ def _world(params: Params, island_ids: list[int] | None) -> World:
     ids = tuple(island_ids) if island_ids else tuple(range(size))
     if len(ids) != size:
         raise SystemExit(f"--island-ids names {len(ids)} islands but WORLD_SIZE is {size}")
-    if params.profile == "gpu":
+    if params.train.uses_cuda(params.profile):
         local = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local)
         device = torch.device("cuda", local)
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     params = load_params(args.params)
     world = _world(params, args.island_ids)
     torch.set_num_threads(params.train.torch_threads)
-    backend = "nccl" if params.profile == "gpu" else "gloo"
+    backend = "nccl" if world.device.type == "cuda" else "gloo"
     timeout = timedelta(seconds=params.train.collective_timeout_s)
     if os.environ.get("MASTER_ADDR") == LOOPBACK:  # one machine: the store listens on loopback only
         store = loopback_store(world.rank, world.world_size, int(os.environ["MASTER_PORT"]), timeout)

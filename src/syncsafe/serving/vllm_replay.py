@@ -110,16 +110,19 @@ def vllm_policies(params: Params) -> list[str]:
 
 
 def served_model(params: Params, root: Path) -> Path | str:
-    """What the server serves: the configured model, else the trained export, else a locally built tiny model."""
+    """What the server serves: the configured model, else the trained export, else (gpu profile) the hub
+    model, else a locally built tiny model. Hub ids resolve through the local Hugging Face cache."""
+    from syncsafe.diloco.hub import resolve_model
+
     cfg = params.replay.vllm
     if cfg.model:
-        return cfg.model
-    if params.profile == "gpu":
-        return params.train.hub.model
+        return resolve_model(cfg.model, "replay.vllm.model")
     seed = (cfg.seeds or params.seeds)[0]
     trained = Path(root) / "runs" / "train" / cfg.regimes[0] / vllm_policies(params)[0] / f"seed-{seed}" / "model"
     if (trained / "config.json").is_file():
         return trained
+    if params.profile == "gpu":
+        return resolve_model(params.train.hub.model, "train.hub.model")
     return build_untrained_model(params, root)
 
 

@@ -1,0 +1,151 @@
+"""The gpu profile's path, rehearsed on CPU: everything but CUDA and NCCL.
+
+A tiny Llama is built with transformers and saved as a local Hugging Face
+model directory, a local dataset directory holds JSONL documents, and the gpu
+profile (with `train.device: cpu`, small sizes) runs traces -> train (hub
+model and dataset path, islands over gloo) -> export -> schedules -> a real
+vLLM CPU replay of the trained export. Hub ids resolve through the local
+Hugging Face cache; an id that is not there is one clear line naming it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from syncsafe.cli import app
+from syncsafe.config import VllmReplay, parse_params
+from syncsafe.diloco.hub import local_island_texts, resolve_model
+from syncsafe.errors import BadInput
+from syncsafe.profiles import apply_profile
+
+REPO = Path(__file__).resolve().parents[1]
+VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+
+
+def _hub_model(directory: Path) -> Path:
+    """A tiny randomly initialised Llama and its tokenizer, saved like a hub snapshot."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from syncsafe.diloco.corpus import build_stdlib_corpus
+    from syncsafe.diloco.tokenizer import load_or_build_tokenizer
+
+    corpus = build_stdlib_corpus(max_bytes=200_000)
+    tokenizer = load_or_build_tokenizer(directory / "tokenizer-cache", corpus.train_texts(), corpus.fingerprint,
+                                        vocab_size=400)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=1,
+                         num_key_value_heads=1, intermediate_size=128, max_position_embeddings=512,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False)
+    model_dir = directory / "tiny-llama"
+    LlamaForCausalLM(config).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    return model_dir
+
+
+def _dataset(directory: Path, n_docs: int = 60) -> Path:
+    from syncsafe.diloco.corpus import build_stdlib_corpus
+
+    texts = build_stdlib_corpus(max_bytes=200_000).train_texts()[:n_docs]
+    directory.mkdir(parents=True)
+    (directory / "part-000.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    return directory
+
+
+def test_hub_ids_resolve_through_the_local_cache_or_fail_naming_the_id(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hf-cache"
+    snapshot = cache / "models--SomeOrg--tiny" / "snapshots" / ("a" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (cache / "models--SomeOrg--tiny" / "refs").mkdir()
+    (cache / "models--SomeOrg--tiny" / "refs" / "main").write_text("a" * 40)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert Path(resolve_model("SomeOrg/tiny")) == snapshot
+    with pytest.raises(BadInput, match=r"train.hub.model: hub model 'SomeOrg/absent' is not in the local Hugging Face cache"):
+        resolve_model("SomeOrg/absent")
+    with pytest.raises(BadInput, match=r"replay.vllm.model: .* neither a model directory nor a hub id"):
+        resolve_model("./no/such/dir", "replay.vllm.model")
+
+
+def test_gpu_profile_replay_of_an_absent_hub_model_exits_2_naming_it(tmp_path, monkeypatch):
+    """The replay used to read the hub id as a local path (FileNotFoundError): now one line, exit 2."""
+    from huggingface_hub import constants
+
+    from syncsafe.serving.vllm_replay import served_model
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    raw = apply_profile(yaml.safe_load((REPO / "params.yaml").read_text()), "gpu")
+    raw["train"]["hub"]["model"] = "SomeOrg/never-downloaded"
+    with pytest.raises(BadInput, match="'SomeOrg/never-downloaded' is not in the local Hugging Face cache"):
+        served_model(parse_params(raw), tmp_path)
+
+
+def test_local_dataset_shards_round_robin_and_repeat(tmp_path):
+    data = _dataset(tmp_path / "data", n_docs=5)
+    docs = [json.loads(line)["text"] for line in (data / "part-000.jsonl").read_text().splitlines()]
+    stream = local_island_texts(data, 1, 3)
+    assert [next(stream) for _ in range(4)] == [docs[1], docs[4], docs[1], docs[4]]
+    with pytest.raises(BadInput, match="fewer than 7 documents"):
+        next(local_island_texts(data, 6, 7))
+
+
+def _gpu_params(tmp_path: Path) -> Path:
+    cpu = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw = apply_profile(cpu, "gpu")
+    raw["seeds"] = [0]
+    raw["traces"] = cpu["traces"]  # request sizes the tiny model serves
+    raw["regimes"] = {"bursty": {**cpu["regimes"]["bursty"], "duration_s": 120}}
+    primary = raw.get("analysis", {}).get("primary", {}).get("policy", "wa_diloco")
+    raw["control"]["policies"] = [primary]
+    raw["schedules"] = {**raw.get("schedules", {}), "random_draws": 1, "source": "train"}
+    raw["train"].update({
+        "device": "cpu", "islands": 2, "seq_len": 32, "batch_size": 2, "eval_batches": 2, "merge_eval_batches": 1,
+        "torch_threads": 1, "collective_timeout_s": 60, "inner_lr": 0.001,
+        "hub": {"model": str(_hub_model(tmp_path)), "dataset": str(_dataset(tmp_path / "dataset")),
+                "dataset_config": None, "text_field": "text"},
+    })  # fmt: skip
+    raw["replay"]["simulator"] = {**raw["replay"].get("simulator", {}), "calibration": None}
+    vllm = {"python": str(VLLM_PYTHON), "regimes": ["bursty"], "seeds": [0], "draws": 1, "time_scale": 4.0,
+            "max_trace_s": 40, "warmup_s": 0, "startup_timeout_s": 900, "server_args": VllmReplay().server_args,
+            "repeat_no_sync": False, "profile": False}
+    raw["replay"]["vllm"].update({k: v for k, v in vllm.items() if k in VllmReplay.model_fields})
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+@pytest.mark.slow
+def test_gpu_profile_trains_exports_and_serves_on_cpu(tmp_path, monkeypatch):
+    if not VLLM_PYTHON.exists():
+        pytest.fail(f"{VLLM_PYTHON} missing: run `make vllm-env` (make test does)")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    params = _gpu_params(tmp_path)
+    p = parse_params(yaml.safe_load(params.read_text()))
+    assert p.profile == "gpu" and not p.train.uses_cuda(p.profile)
+    root = tmp_path / "project"
+    policy = p.control.policies[0]
+    for cmd in (["traces"], ["train"], ["schedules", "build"], ["schedules", "index"],
+                ["replay", "run", "--backend", "vllm"]):
+        result = CliRunner().invoke(app, [*cmd, "--params", str(params), "--root", str(root)])
+        assert result.exit_code == 0, f"{cmd}: {result.output}"
+    run = root / "runs" / "train" / "bursty" / policy / "seed-0"
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["islands"] == 2 and metrics["n_merges"] >= 1
+    config = json.loads((run / "model" / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["hidden_size"] == 64
+    index = pd.read_csv(root / "runs" / "replay-sets" / "vllm" / "index.csv")
+    assert policy in set(index["policy"]) and "no_sync" in set(index["policy"])
+    for rec in index.itertuples():
+        summary = json.loads((root / rec.path / "summary.json").read_text())
+        assert Path(summary["model"]) == run / "model"  # the trained export is what was served
+        requests = pd.read_parquet(root / rec.path / "requests.parquet")
+        assert len(requests) > 5 and (requests["error"] == "").all()
+        assert (requests["output_tokens_received"] == requests["output_tokens"]).all()
