@@ -31,6 +31,7 @@ CONTROLLER_POLICIES = (
     "wa_calibrated",
     "wa_forecast",
     "wa_seasonal",
+    "wa_lookahead",
 )
 
 
@@ -213,6 +214,16 @@ class CalibratedConfig(_Strict):
     calibration: str | None = None
 
 
+class LookaheadConfig(_Strict):
+    """wa_lookahead (control/lookahead.py): merge now only if now is the cheapest feasible cycle."""
+
+    #: Trace seconds of past fleet samples the cost forecasts and spread come from.
+    history_s: PositiveFloat = 600.0
+    #: Cost of deferring a merge one cycle, in units of the cost spread per unit of
+    #: wa_diloco's progress + staleness terms.
+    w_defer: Annotated[float, Field(ge=0)] = 0.25
+
+
 class ControlConfig(_Strict):
     #: Trace seconds one inner step takes on the `trace` clock.
     step_s: PositiveFloat = 5.0
@@ -229,6 +240,7 @@ class ControlConfig(_Strict):
     score: ScoreWeights = ScoreWeights()
     forecast: ForecastConfig = ForecastConfig()
     calibrated: CalibratedConfig = CalibratedConfig()
+    lookahead: LookaheadConfig = LookaheadConfig()
 
     @model_validator(mode="after")
     def _h_bounds(self) -> ControlConfig:

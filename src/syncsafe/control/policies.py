@@ -22,6 +22,11 @@ rule:
 - `wa_forecast`: wa_diloco - w_forecast * the EWMA forecast of pressure over
   the coming merge window.
 - `wa_seasonal`: as wa_forecast with the period-detecting forecaster.
+- `wa_lookahead` (control/lookahead.py): merge now only if the calibrated
+  cost of a merge now is no more than the expected cost of waiting for a
+  later feasible cycle (forecasts from past samples, optimal stopping up to
+  the forced merge), with wa_diloco's progress and staleness as the cost of
+  deferral.
 
 Forecasting policies also see every fleet sample observed between decisions
 through `observe`.
@@ -188,4 +193,10 @@ def build_policy(
     if name == "wa_seasonal":
         seasonal = SeasonalForecaster(grid_s, fc.min_period_s, fc.max_period_s, fc.min_autocorr, fc.ewma_alpha)
         return WaSeasonal(control.score, fc.w_forecast, merge.window_s, seasonal)
+    if name == "wa_lookahead":
+        from syncsafe.control.lookahead import WaLookahead  # it builds on Policy, defined here
+
+        seasonal = SeasonalForecaster(grid_s, fc.min_period_s, fc.max_period_s, fc.min_autocorr, fc.ewma_alpha)
+        return WaLookahead(control.score, control.lookahead, calibration, merge.window_s, control.cycle_s, grid_s,
+                           seasonal, EwmaForecaster(fc.ewma_alpha))
     raise ValueError(f"unknown policy {name!r}")
