@@ -3,7 +3,8 @@
 ```
 prepare ─► traces[regime] ─► train_resources ─► train[regime × policy × seed] ─► schedules_build[regime]
   ─► schedules_index ─┬► replay_simulator[regime] ─┬► replay_index ─► calibrate ─► analyze
-                      └► replay_vllm ──────────────┘
+                      └► replay_vllm ──────────────┘                          ▲
+train ─► live (skipped unless live.enabled) ──────────────────────────────────┘
 ```
 
 - ``prepare`` applies the chosen profile's overlay to the repo's
@@ -34,7 +35,9 @@ prepare ─► traces[regime] ─► train_resources ─► train[regime × poli
   ``replay.vllm.enabled`` is false it is skipped, and so is ``calibrate``
   (it fits the simulator to those real replays); ``analyze`` then runs
   without mechanism evidence, so its verdicts license no serving claim.
-- GPU tasks (``train``, ``replay_vllm``) go to the GPU queue / pool /
+- ``live`` runs ``syncsafe live`` (the controller as a sidecar beside a real
+  vLLM server, on the wall clock) after training; skipped unless ``live.enabled``.
+- GPU tasks (``train``, ``replay_vllm``, ``live``) go to the GPU queue / pool /
   executor of ``syncsafe_dag_support.gpu_task_kwargs``.
 - Every task exports ``SYNCSAFE_PIPELINE_RUN_ID=airflow-syncsafe_nightly-<run_id>``:
   each stage's MLflow run lands under one pipeline run per DAG run.
@@ -159,7 +162,8 @@ def syncsafe_nightly():
                           for r in regimes for pol in p["control"]["policies"] for s in p["seeds"]]
         print(f"run directory {workdir}; profile {p['profile']}; regimes {regimes}; "
               f"{len(train_runs)} training runs; vLLM replay {'on' if p['replay']['vllm']['enabled'] else 'off'}")
-        return {"run": run, "regimes": regimes, "train_runs": train_runs, "vllm": bool(p["replay"]["vllm"]["enabled"])}
+        return {"run": run, "regimes": regimes, "train_runs": train_runs, "vllm": bool(p["replay"]["vllm"]["enabled"]),
+                "live": bool(p["live"]["enabled"])}
 
     @task.bash(map_index_template="{{ syncsafe_item }}")
     def traces(run: dict, regime: str) -> str:
@@ -229,6 +233,20 @@ def syncsafe_nightly():
             raise AirflowSkipException("no vLLM replays (replay.vllm.enabled is false): nothing to calibrate")
         return stage_command(run, "calibrate")
 
+    @task.bash(**gpu_task_kwargs())
+    def live(run: dict, enabled: bool) -> str:
+        """The controller as a sidecar beside a real vLLM server on the wall clock (live.enabled)."""
+        if not enabled:
+            from airflow.sdk.exceptions import AirflowSkipException
+
+            raise AirflowSkipException("live.enabled is false for this run")
+        from pathlib import Path
+
+        import syncsafe_dag_support as sup
+
+        params = sup.vllm_params_here(Path(run["workdir"]), sup.repo_dir())
+        return stage_command(run, "live", "--stage", params=params)
+
     @task.bash(trigger_rule="none_failed")
     def analyze(run: dict) -> str:
         return stage_command(run, "analyze")
@@ -252,7 +270,9 @@ def syncsafe_nightly():
     rs = replay_simulator.partial(run=run).expand(regime=names)
     rv = replay_vllm(run, plan["vllm"])
     ri = replay_index(run)
-    chain(t, res, tr, sb, si, [rs, rv], ri, calibrate(run, plan["vllm"]), analyze(run))
+    an = analyze(run)
+    chain(t, res, tr, sb, si, [rs, rv], ri, calibrate(run, plan["vllm"]), an)
+    chain(tr, live(run, plan["live"]), an)
 
 
 syncsafe_nightly()

@@ -145,7 +145,7 @@ def test_dagbag_imports_cleanly_and_every_dag_has_tags_and_retries(tmp_path: Pat
     assert "replay_index" in tasks["calibrate"]["upstream"]
     assert "calibrate" in tasks["analyze"]["upstream"]
     # GPU work goes to the GPU queue and pool; the rest stays on the default ones
-    for task_id in ("train", "replay_vllm"):
+    for task_id in ("train", "replay_vllm", "live"):
         assert (tasks[task_id]["queue"], tasks[task_id]["pool"]) == ("gpu", "gpu"), task_id
     for task_id in ("traces", "schedules_build", "replay_simulator", "analyze"):
         assert tasks[task_id]["pool"] == "default_pool", task_id
@@ -244,7 +244,8 @@ def test_nightly_dag_runs_the_cpu_profile_with_tiny_params(airflow_home: Path, t
     states = _task_states(airflow_home, "syncsafe_nightly")
     # replay.vllm.enabled: false: no real replay, so nothing to calibrate; analyze runs without them
     assert states[("replay_vllm", -1)] == states[("calibrate", -1)] == "skipped"
-    assert [k for k, s in states.items() if s != "success" and k[0] not in ("replay_vllm", "calibrate")] == []
+    assert states[("live", -1)] == "skipped"  # live.enabled: false on the cpu profile
+    assert [k for k, s in states.items() if s != "success" and k[0] not in ("replay_vllm", "calibrate", "live")] == []
     assert sorted(m for (t, m) in states if t == "train") == [0, 1]  # 1 regime x 2 policies x 1 seed
 
     (run_dir,) = (work / "syncsafe_nightly").iterdir()

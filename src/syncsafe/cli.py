@@ -222,6 +222,85 @@ def replay_index(params: ParamsOpt = Path("params.yaml"), root: RootOpt = Path("
 
 @app.command()
 @_fails_cleanly
+def live(
+    regime: Annotated[list[str] | None, typer.Option("--regime", help="regime(s); default: live.regimes")] = None,
+    policy: Annotated[str | None, typer.Option("--policy", help="controller policy; default: live.policy")] = None,
+    seed: Annotated[list[int] | None, typer.Option("--seed", help="seed(s); default: live.seeds, else all")] = None,
+    stage: Annotated[bool, typer.Option("--stage", help="the DVC stage: nothing but an empty index unless live.enabled")] = False,
+    params: ParamsOpt = Path("params.yaml"),
+    root: RootOpt = Path("."),
+) -> None:
+    """The controller as a sidecar beside a real vLLM server on the wall clock, gating real DiLoCo merges."""
+    from syncsafe.config import CONTROLLER_POLICIES
+    from syncsafe.serving.live import build_live_index, run_live
+
+    p = load_params(params)
+    if stage and not p.live.enabled:
+        typer.echo(f"live: off (live.enabled: false); {len(build_live_index(root))} runs in runs/live/index.csv")
+        return
+    name = policy or p.live.policy
+    if name not in CONTROLLER_POLICIES:
+        raise ConfigError(f"--policy {name!r}: not a controller policy ({list(CONTROLLER_POLICIES)})")
+    seeds = seed or p.live.seeds or p.seeds
+    for value in seeds:
+        if value not in p.seeds:
+            raise ConfigError(f"--seed {value}: not in seeds ({p.seeds})")
+    regimes = _regimes(p, regime) if regime else p.live.regimes
+    for r in regimes:
+        index = run_live(p, params, r, name, seeds, root)
+    typer.echo(f"live {', '.join(regimes)}: {len(index)} runs in runs/live/index.csv")
+
+
+@app.command("calibrate-fit")
+@_fails_cleanly
+def calibrate_fit(params: ParamsOpt = Path("params.yaml"), root: RootOpt = Path(".")) -> None:
+    """Stage calibrate-fit: fit the iteration-level simulator to the server profile and the fit seeds' vLLM replays.
+
+    Writes runs/calibration/ (calibration.json, fit.json, mechanism.json, transfer.csv, report.md); with no
+    possible fit, calibration.json holds the shipped defaults (fitted: false) and fit.json says why.
+    """
+    from syncsafe.analysis.calibration import calibrate_fit_stage
+    from syncsafe.tracking import section_params, stage_run
+
+    p = load_params(params)
+    with stage_run("calibrate-fit", root=root, params_section=section_params(p, ["replay"]), profile=p.profile) as tracker:
+        result = calibrate_fit_stage(p, root)
+        tracker.metrics.update({f"calibration.{k}": float(v)
+                                for k, v in result.calibration.model_dump(exclude={"fitted"}).items()})
+        for path in result.files.values():
+            tracker.log_artifact(path)
+    c = result.calibration
+    state = "fitted" if c.fitted else f"default ({result.fit.get('reason')})"
+    typer.echo(f"calibrate-fit: {state}; merge share {c.merge_compute_share:.3g}, iteration {c.iter_base_ms:.3g} ms "
+               f"+ {c.decode_ms_per_seq:.3g} ms/seq + {c.prefill_ms_per_token:.3g} ms/prompt token")
+    for regime in sorted(result.mechanism.regimes):
+        typer.echo(f"{regime:16s} {result.mechanism.describe(regime)}")
+
+
+@app.command()
+@_fails_cleanly
+def fidelity(params: ParamsOpt = Path("params.yaml"), root: RootOpt = Path(".")) -> None:
+    """Stage fidelity: the simulator's calibration judged on the held-out seeds' real replays (runs/fidelity/)."""
+    from syncsafe.analysis.calibration import fidelity_stage
+    from syncsafe.tracking import section_params, stage_run
+
+    p = load_params(params)
+    with stage_run("fidelity", root=root, params_section=section_params(p, ["replay", "analysis"]),
+                   profile=p.profile) as tracker:
+        result = fidelity_stage(p, root)
+        e = result.evidence
+        for key in ("p95_rel_error_max", "p95_rel_error_mean", "slo_abs_error_pp_max", "slo_abs_error_pp_mean",
+                    "sync_ratio_sim_over_real"):
+            if getattr(e, key) is not None:
+                tracker.metrics[f"fidelity.{key}"] = float(getattr(e, key))
+        for path in result.files.values():
+            tracker.log_artifact(path)
+    typer.echo(f"fidelity ({result.evidence.calibration}): "
+               + ("licensed" if result.evidence.licenses() else "not licensed") + f": {result.evidence.describe()}")
+
+
+@app.command()
+@_fails_cleanly
 def calibrate(params: ParamsOpt = Path("params.yaml"), root: RootOpt = Path(".")) -> None:
     """Stage calibrate: fit the simulator to the vLLM replays; effect-size transfer and held-out fidelity.
 

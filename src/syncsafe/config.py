@@ -399,6 +399,38 @@ class VllmReplay(_Strict):
         return self
 
 
+class LiveConfig(_Strict):
+    """`syncsafe live`: the controller as a sidecar beside a real vLLM server, on the wall clock.
+
+    Server, load generator and merge-work settings come from `replay.vllm`.
+    """
+
+    #: Run the `live` stage (off on the cpu profile: it does not fit the run budget).
+    enabled: bool = False
+    regimes: list[str] = Field(default_factory=lambda: ["bursty"], min_length=1)
+    #: Seeds to run; null = every seed.
+    seeds: list[Annotated[int, Field(ge=0)]] | None = None
+    #: The controller policy the live run gates merges with.
+    policy: Literal[CONTROLLER_POLICIES] = "wa_forecast"  # type: ignore[valid-type]
+    #: Trace seconds per wall second (arrivals, control cycles and merge windows alike).
+    time_scale: PositiveFloat = 4.0
+    #: Trace seconds each live run lasts (its action space's duration).
+    duration_s: PositiveFloat = 120.0
+    #: Trace seconds of load sent (and discarded) once per server before the measured runs.
+    warmup_s: Annotated[float, Field(ge=0)] = 20.0
+    #: Wall seconds between /metrics scrapes; signals older than `stale_after_s` are not trusted.
+    scrape_interval_s: PositiveFloat = 0.25
+    stale_after_s: PositiveFloat = 1.5
+    #: Wall seconds over which rates and occupancy are averaged.
+    signal_window_s: PositiveFloat = 2.0
+    #: Sequences the server runs at once (its --max-num-seqs): occupancy = (running + waiting) / this.
+    capacity_seqs: Annotated[int, Field(ge=1)] = 8
+    #: Arrival rate (requests per trace second) at which the node counts as fully loaded.
+    reference_rps: PositiveFloat = 6.0
+    #: Inference pressure at or above which the node counts as busy.
+    busy_pressure: Fraction = 0.5
+
+
 class ReplayConfig(_Strict):
     slo: SloConfig = SloConfig()
     #: Inference pressure at or above this counts as high pressure (pressure p95 ratio).
@@ -467,6 +499,7 @@ class Params(_Strict):
     train: TrainConfig = TrainConfig()
     schedules: SchedulesConfig = SchedulesConfig()
     replay: ReplayConfig = ReplayConfig()
+    live: LiveConfig = LiveConfig()
     analysis: AnalysisConfig = AnalysisConfig()
 
     @model_validator(mode="after")
@@ -510,6 +543,14 @@ class Params(_Strict):
             raise ValueError(f"analysis.primary.regime: {primary.regime!r} not among {list(self.regimes)}")
         if primary.policy not in self.control.policies:
             raise ValueError(f"analysis.primary.policy: {primary.policy!r} not among {self.control.policies}")
+        for key, chosen, allowed in (("live.regimes", self.live.regimes, list(self.regimes)),
+                                     ("live.seeds", self.live.seeds or [], self.seeds)):
+            unknown = [x for x in chosen if x not in allowed]
+            if unknown:
+                raise ValueError(f"{key}: {unknown} not among {allowed}")
+        if self.live.duration_s < self.control.cycle_s + self.merge.window_s:
+            raise ValueError(f"live.duration_s ({self.live.duration_s}) is shorter than one control cycle plus one "
+                             f"merge window ({self.control.cycle_s + self.merge.window_s})")
         if vllm.draws > self.schedules.random_draws:
             raise ValueError(f"replay.vllm.draws ({vllm.draws}) must be <= schedules.random_draws ({self.schedules.random_draws})")
         return self

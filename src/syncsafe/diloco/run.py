@@ -101,25 +101,25 @@ def _latest_merge(run_dir: Path) -> int | None:
     return int(latest.read_text().strip()) if latest.is_file() else None
 
 
+def make_island(params: Params, world: World, res: Resources, seed: int, fault: Fault | None = None) -> Island:
+    """This process's island for a run of `seed`: model, inner AdamW, outer Nesterov step, batches."""
+    cfg = params.train
+    model = res.build_model(seed)
+    inner = torch.optim.AdamW(model.parameters(), lr=cfg.inner_lr, weight_decay=cfg.weight_decay)
+    outer = OuterOptimizer(model, num_islands=world.world_size, lr=cfg.outer_lr, momentum=cfg.outer_momentum)
+    return Island(island_id=world.island_id, model=model, inner=inner, outer=outer,
+                  batches=res.batches_for(world.island_id, world.num_islands, seed, 0),
+                  tokens_per_step=cfg.batch_size * cfg.seq_len, fault=fault)
+
+
 def train_run(params: Params, regime: str, policy_name: str, seed: int, root: Path, world: World,
               res: Resources, resume: bool, fault: Fault | None = None) -> None:
     """Train one run to the end of the regime's trace (all ranks call this together)."""
     cfg = params.train
     run_dir = train_dir(root, regime, policy_name, seed)
     plan = control_plan(params, regime)
-    model = res.build_model(seed)
-    inner = torch.optim.AdamW(model.parameters(), lr=cfg.inner_lr, weight_decay=cfg.weight_decay)
-    outer = OuterOptimizer(model, num_islands=world.world_size, lr=cfg.outer_lr, momentum=cfg.outer_momentum)
+    island = make_island(params, world, res, seed, fault)
     start = _latest_merge(run_dir) if resume else None
-    island = Island(
-        island_id=world.island_id,
-        model=model,
-        inner=inner,
-        outer=outer,
-        batches=res.batches_for(world.island_id, world.num_islands, seed, 0),
-        tokens_per_step=cfg.batch_size * cfg.seq_len,
-        fault=fault,
-    )
     state: ControlResult | None = None
     policy: Policy | None = None
     merge_log: list[dict[str, Any]] = []

@@ -1,0 +1,106 @@
+"""Benchmark: the live controller's scrape + decide latency on the wall clock (target: p99 <= 5 ms).
+
+Two paths, each timed per control cycle over every controller policy:
+
+- critical path (what a decision waits for in `syncsafe live`): the newest
+  sample and the samples since the last decision from the scraper's memory
+  (`LiveSignals.at` / `between`), `policy.observe` and `policy.decide`;
+- synchronous: one full scrape (`GET /health`, `GET /metrics`, parse, rates)
+  and then the decision, as if nothing ran in the background.
+
+The scrape goes to `--url` (a running vLLM server) or, by default, to a local
+HTTP server answering with the /metrics text recorded from the real vLLM CPU
+server (tests/fixtures/vllm_metrics_busy.txt), so it runs anywhere.
+
+    python benchmarks/bench_live.py [--cycles 2000] [--url http://127.0.0.1:PORT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.server
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from syncsafe.config import load_params
+from syncsafe.control.live_signals import LiveSignals, SignalSettings, http_fetch
+from syncsafe.control.policies import build_policy
+from syncsafe.control.types import ClockState, LearnerReport
+from syncsafe.serving.calibration import load_calibration
+
+REPO = Path(__file__).resolve().parents[1]
+TEXT = (REPO / "tests" / "fixtures" / "vllm_metrics_busy.txt").read_text().encode()
+
+
+class _Exposition(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802
+        body = TEXT if self.path == "/metrics" else b""
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def _stats(values_us: list[float]) -> str:
+    v = np.asarray(values_us) / 1000.0
+    return f"p50 {np.percentile(v, 50):6.3f} ms   p99 {np.percentile(v, 99):6.3f} ms   max {v.max():6.3f} ms"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--params", default=str(REPO / "params.yaml"))
+    ap.add_argument("--cycles", type=int, default=2000)
+    ap.add_argument("--url", default=None, help="a running vLLM server; default: a local server of the recorded text")
+    args = ap.parse_args()
+    params = load_params(args.params)
+    server = None
+    url = args.url
+    if url is None:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Exposition)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+    live = params.live
+    cfg = SignalSettings(time_scale=live.time_scale, window_s=live.signal_window_s, capacity_seqs=live.capacity_seqs,
+                         reference_rps=live.reference_rps, busy_pressure=live.busy_pressure)
+    start = time.time()
+    signals = LiveSignals(http_fetch(url, 1.0), start, cfg, live.scrape_interval_s, live.stale_after_s)
+    for _ in range(50):  # a history like a running sidecar's: scrapes 1/50 s apart here
+        signals.scrape_once()
+        time.sleep(0.02)
+    reports = [LearnerReport(i, 5.0, 4.9, 1024, 4) for i in range(params.train.islands)]
+    calibration = load_calibration(params.control.calibrated.calibration)
+    print(f"{args.cycles} cycles per policy, scrapes from {'the recorded exposition' if server else url}")
+    for name in params.control.policies:
+        policy = build_policy(name, params.control, params.merge, 0, calibration,
+                              live.scrape_interval_s * live.time_scale)
+        critical, full = [], []
+        last = 0.0
+        for cycle in range(args.cycles):
+            now = signals.at(0.0).t_s
+            clock = ClockState(t_s=now, step=4 * (cycle + 1), steps_since_merge=4 + 4 * (cycle % 3),
+                               min_h=params.control.min_h, max_h=params.control.max_h, cycle=cycle)
+            t0 = time.perf_counter()
+            policy.observe(signals.between(last, now))
+            policy.decide(reports, signals.at(now), clock)
+            critical.append((time.perf_counter() - t0) * 1e6)
+            last = now
+            t0 = time.perf_counter()
+            signals.scrape_once()
+            policy.observe(signals.between(last, signals.at(0.0).t_s))
+            policy.decide(reports, signals.at(0.0), clock)
+            full.append((time.perf_counter() - t0) * 1e6)
+            last = signals.at(0.0).t_s
+        print(f"{name:16s} critical path: {_stats(critical)}")
+        print(f"{'':16s} scrape + decide: {_stats(full)}")
+    if server is not None:
+        server.shutdown()
+
+
+if __name__ == "__main__":
+    main()
