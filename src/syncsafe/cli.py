@@ -220,6 +220,54 @@ def replay_index(params: ParamsOpt = Path("params.yaml"), root: RootOpt = Path("
     typer.echo(f"runs/replay/index.csv: {len(build_replay_index(root, load_params(params)))} replays")
 
 
+@app.command("calibrate-fit")
+@_fails_cleanly
+def calibrate_fit(params: ParamsOpt = Path("params.yaml"), root: RootOpt = Path(".")) -> None:
+    """Stage calibrate-fit: fit the iteration-level simulator to the server profile and the fit seeds' vLLM replays.
+
+    Writes runs/calibration/ (calibration.json, fit.json, mechanism.json, transfer.csv, report.md); with no
+    possible fit, calibration.json holds the shipped defaults (fitted: false) and fit.json says why.
+    """
+    from syncsafe.analysis.calibration import calibrate_fit_stage
+    from syncsafe.tracking import section_params, stage_run
+
+    p = load_params(params)
+    with stage_run("calibrate-fit", root=root, params_section=section_params(p, ["replay"]), profile=p.profile) as tracker:
+        result = calibrate_fit_stage(p, root)
+        tracker.metrics.update({f"calibration.{k}": float(v)
+                                for k, v in result.calibration.model_dump(exclude={"fitted"}).items()})
+        for path in result.files.values():
+            tracker.log_artifact(path)
+    c = result.calibration
+    state = "fitted" if c.fitted else f"default ({result.fit.get('reason')})"
+    typer.echo(f"calibrate-fit: {state}; merge share {c.merge_compute_share:.3g}, iteration {c.iter_base_ms:.3g} ms "
+               f"+ {c.decode_ms_per_seq:.3g} ms/seq + {c.prefill_ms_per_token:.3g} ms/prompt token")
+    for regime in sorted(result.mechanism.regimes):
+        typer.echo(f"{regime:16s} {result.mechanism.describe(regime)}")
+
+
+@app.command()
+@_fails_cleanly
+def fidelity(params: ParamsOpt = Path("params.yaml"), root: RootOpt = Path(".")) -> None:
+    """Stage fidelity: the simulator's calibration judged on the held-out seeds' real replays (runs/fidelity/)."""
+    from syncsafe.analysis.calibration import fidelity_stage
+    from syncsafe.tracking import section_params, stage_run
+
+    p = load_params(params)
+    with stage_run("fidelity", root=root, params_section=section_params(p, ["replay", "analysis"]),
+                   profile=p.profile) as tracker:
+        result = fidelity_stage(p, root)
+        e = result.evidence
+        for key in ("p95_rel_error_max", "p95_rel_error_mean", "slo_abs_error_pp_max", "slo_abs_error_pp_mean",
+                    "sync_ratio_sim_over_real"):
+            if getattr(e, key) is not None:
+                tracker.metrics[f"fidelity.{key}"] = float(getattr(e, key))
+        for path in result.files.values():
+            tracker.log_artifact(path)
+    typer.echo(f"fidelity ({result.evidence.calibration}): "
+               + ("licensed" if result.evidence.licenses() else "not licensed") + f": {result.evidence.describe()}")
+
+
 @app.command()
 @_fails_cleanly
 def live(
@@ -302,35 +350,9 @@ def fidelity(params: ParamsOpt = Path("params.yaml"), root: RootOpt = Path("."))
 @app.command()
 @_fails_cleanly
 def calibrate(params: ParamsOpt = Path("params.yaml"), root: RootOpt = Path(".")) -> None:
-    """Stage calibrate: fit the simulator to the vLLM replays; effect-size transfer and held-out fidelity.
-
-    Writes runs/calibration/ (calibration.json, mechanism.json, transfer.csv, fidelity.csv, report.md).
-    Point replay.simulator.calibration / control.calibrated.calibration at runs/calibration/calibration.json to use it.
-    """
-    import math
-
-    from syncsafe.analysis.calibrate import calibrate_stage
-    from syncsafe.tracking import section_params, stage_run
-
-    p = load_params(params)
-    with stage_run("calibrate", root=root, params_section=section_params(p, ["replay"]), profile=p.profile) as tracker:
-        result = calibrate_stage(p, root)
-        tracker.metrics.update({f"calibration.{k}": float(v)
-                                for k, v in result.calibration.model_dump(exclude={"fitted"}).items()})
-        for row in result.transfer.itertuples(index=False):
-            for column in ("real", "simulated"):
-                value = getattr(row, column)
-                if value is not None and math.isfinite(value):
-                    tracker.metrics[f"{row.regime}.{row.metric}.{column}"] = float(value)
-        tracker.metrics.update({f"fidelity.{k}": v for k, v in result.fidelity.errors.items() if math.isfinite(v)})
-        for path in result.files.values():
-            tracker.log_artifact(path)
-    c = result.calibration
-    typer.echo(f"calibrate: merge_slowdown {c.merge_slowdown:.3g}, pressure_slowdown {c.pressure_slowdown:.3g}, "
-               f"batch_slowdown {c.batch_slowdown:.3g}, residual_sigma {c.residual_sigma:.3g}")
-    for regime in sorted(result.mechanism.regimes):
-        typer.echo(f"{regime:16s} {result.mechanism.describe(regime)}")
-    typer.echo(f"wrote {', '.join(sorted(result.files))} to {Path(root) / 'runs' / 'calibration'}")
+    """calibrate-fit then fidelity (for orchestrators that run them as one task)."""
+    calibrate_fit(params, root)
+    fidelity(params, root)
 
 
 @app.command()

@@ -346,7 +346,8 @@ class SloConfig(_Strict):
 
 
 class SimulatorReplay(_Strict):
-    #: Calibration JSON (e.g. runs/calibration/calibration.json); null = shipped defaults.
+    #: Calibration JSON (relative to the project root); null = the calibrate-fit stage's
+    #: runs/calibration/calibration.json when present, else the shipped defaults (`fitted: false` either way).
     calibration: str | None = None
 
 
@@ -359,12 +360,23 @@ class VllmReplay(_Strict):
     #: Model to serve: a path or hub name; null = the trained export (cpu) / train.hub.model (gpu).
     model: str | None = None
     regimes: list[str] = Field(default_factory=lambda: ["bursty"], min_length=1)
-    #: Seeds to replay; null = the first seed.
+    #: Seeds to replay; null = the first four of `seeds` (one to fit, three held out).
     seeds: list[int] | None = None
-    #: Controllers replayed (with their draws); null = the first two of control.policies.
+    #: Seeds the calibrate-fit stage fits the simulator on; null = the first replayed seed.
+    fit_seeds: list[int] | None = None
+    #: Seeds the fidelity stage judges the simulator on (never fitted on); null = the other replayed seeds.
+    held_out_seeds: list[int] | None = None
+    #: Controllers replayed (with their draws) on every replayed seed besides analysis.primary.policy; null = none.
     policies: list[str] | None = None
     #: Matched-random draws replayed per controller.
-    draws: Annotated[int, Field(ge=0)] = 2
+    draws: Annotated[int, Field(ge=0)] = 3
+    #: Replay each seed's no-sync schedule again after the others (the mechanism gate's drift control);
+    #: the replays in between run in a seeded random order.
+    repeat_no_sync: bool = True
+    #: Probe the server before the replays (iteration time by batch composition, with and without merges).
+    profile: bool = True
+    #: Wall seconds per profile probe.
+    profile_probe_s: PositiveFloat = 2.5
     #: Trace seconds replayed per wall second (1 = real time).
     time_scale: PositiveFloat = 4.0
     #: Replay only the first this-many trace seconds of each schedule.
@@ -396,6 +408,17 @@ class VllmReplay(_Strict):
             if flag in RESERVED_SERVER_ARGS:
                 raise ValueError(f"server_args: {flag} is not allowed (the server binds to 127.0.0.1 on a free "
                                  "port with a random served-model name chosen per start)")
+        return self
+
+    @model_validator(mode="after")
+    def _fit_and_held_out_apart(self) -> VllmReplay:
+        both = set(self.fit_seeds or []) & set(self.held_out_seeds or [])
+        if both:
+            raise ValueError(f"fit_seeds and held_out_seeds share {sorted(both)}: a held-out seed must never be fitted on")
+        for name in ("fit_seeds", "held_out_seeds"):
+            extra = set(getattr(self, name) or []) - set(self.seeds or getattr(self, name) or [])
+            if self.seeds is not None and extra:
+                raise ValueError(f"{name}: {sorted(extra)} not among replay.vllm.seeds {self.seeds}")
         return self
 
 

@@ -1,4 +1,4 @@
-"""The simulator serving backend: merge interference, load, determinism, contract."""
+"""The simulator serving backend: the iteration model, merge interference, load, determinism, contract."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from syncsafe.control.types import FleetSignals
 from syncsafe.schedules.schedule import Schedule
 from syncsafe.serving.calibration import Calibration, load_calibration
 from syncsafe.serving.metrics import REQUEST_RESULT_COLUMNS, SloSpec, summarize
-from syncsafe.serving.simulator import merge_phase_clock, overlaps_merge_window, simulate_replay
+from syncsafe.serving.simulator import WorkClock, overlaps_merge_window, simulate_replay
 from syncsafe.traces.requests import generate_requests
 from syncsafe.traces.timeline import generate_timeline, regime_rng
 
@@ -48,6 +48,47 @@ def bursty_load(params: Params) -> tuple[pd.DataFrame, pd.DataFrame]:
     return tl, generate_requests(tl, params.traces.requests, params.traces.step_s, regime_rng("bursty", 0, "requests"))
 
 
+# --------------------------------------------------------------------------- the iteration model by hand
+
+#: Round numbers: an iteration costs 10 ms + 1 ms per prompt token + 10 ms per decoding sequence; no noise.
+HAND = Calibration(iter_base_ms=10.0, prefill_ms_per_token=1.0, decode_ms_per_seq=10.0, max_batch=8,
+                   merge_compute_share=0.5, pressure_slowdown=0.0, residual_sigma=0.0)
+
+
+def hand_case(merge_starts_s: list[float]) -> pd.DataFrame:
+    """A (t=0, 10 prompt, 3 output tokens) and B (t=5 ms, 20 prompt, 2 output); windows of 40 ms."""
+    sched = Schedule(regime="bursty", policy="x", seed=0, source="harness" if merge_starts_s else "no_sync",
+                     duration_s=10.0, window_s=0.04, min_gap_s=0.0, merge_starts_s=merge_starts_s)
+    reqs = requests(np.array([0.0, 0.005]), np.array([10, 20]), np.array([3, 2]))
+    return simulate_replay(reqs, timeline(10, 0.0), sched, HAND, seed=0)
+
+
+def test_two_requests_without_a_merge_match_the_hand_computation():
+    # it1 [0, 20): A prefills 10 tokens alone (10 + 10) -> A's first token at 20 ms
+    # it2 [20, 60): B prefills 20 tokens while A decodes (10 + 20 + 10) -> B's first token at 60 ms
+    # it3 [60, 90): both decode (10 + 2 * 10) -> A's third and B's second token: both done at 90 ms
+    out = hand_case([])
+    assert out["ttft_ms"].to_numpy() == pytest.approx([20.0, 55.0])
+    assert out["e2e_ms"].to_numpy() == pytest.approx([90.0, 85.0])
+
+
+def test_two_requests_and_one_merge_match_the_hand_computation():
+    # the merge [30, 70) ms takes half the compute: work time W = t before 30 ms, 30 + (t - 30) / 2 inside,
+    # 50 + (t - 70) after. Iteration ends on work time as above (20, 60, 90) -> wall 20, 80, 110 ms.
+    out = hand_case([0.03])
+    assert out["ttft_ms"].to_numpy() == pytest.approx([20.0, 75.0])
+    assert out["e2e_ms"].to_numpy() == pytest.approx([110.0, 105.0])
+    assert out["merge_active"].tolist() == [True, True]
+
+
+def test_work_clock_is_an_exact_inverse():
+    clock = WorkClock(np.array([0.0, 1.0, 3.0, 4.0]), np.array([1.0, 0.25, 2.0, 2.0]))
+    t = np.array([-1.0, 0.0, 0.5, 1.0, 2.0, 3.5, 4.0, 10.0])
+    w = clock.to_work(t)
+    assert w.tolist() == pytest.approx([-1.0, 0.0, 0.5, 1.0, 1.25, 2.5, 3.5, 15.5])
+    assert clock.to_wall(w) == pytest.approx(t)
+
+
 # --------------------------------------------------------------------------- merge interference
 
 
@@ -57,43 +98,40 @@ def light_load() -> tuple[pd.DataFrame, pd.DataFrame]:
     return requests(np.arange(1.0, 239.0, 3.0)), timeline(240, 0.5 + 0.4 * np.sin(t / 10.0))
 
 
+def test_a_schedule_without_merges_is_no_sync_bit_for_bit(params):
+    tl, reqs = bursty_load(params)
+    empty = Schedule(regime="bursty", policy="fixed_h", seed=0, source="harness", duration_s=240.0,
+                     window_s=WINDOW_S, min_gap_s=0.0, merge_starts_s=[])
+    pd.testing.assert_frame_equal(simulate_replay(reqs, tl, empty, CAL, seed=0),
+                                  simulate_replay(reqs, tl, schedule([]), CAL, seed=0))
+
+
 def test_latency_rises_only_for_requests_overlapping_merge_windows():
     reqs, tl = light_load()
     merges = schedule([20.0, 60.0, 100.0, 150.0])
     base = simulate_replay(reqs, tl, schedule([]), CAL, seed=0)
     merged = simulate_replay(reqs, tl, merges, CAL, seed=0)
-    for replay in (base, merged):  # the premise: light load, no request waits or shares the batch
-        done = replay["arrival_s"] + replay["e2e_ms"] / 1000
-        assert (done.to_numpy()[:-1] < replay["arrival_s"].to_numpy()[1:]).all()
-
     outside = ~merged["merge_active"].to_numpy()
-    assert outside.sum() > 50 and (~outside).sum() >= 8
-    for column in ("ttft_ms", "e2e_ms"):  # bit for bit the no-sync latency
-        assert np.array_equal(merged[column].to_numpy()[outside], base[column].to_numpy()[outside])
-
+    assert outside.sum() > 50 and (~outside).sum() >= 4
+    for column in ("ttft_ms", "e2e_ms"):  # light load: no queue carries a merge beyond its window
+        assert merged[column].to_numpy()[outside] == pytest.approx(base[column].to_numpy()[outside], rel=1e-9)
     ratio = (merged["e2e_ms"] / base["e2e_ms"]).to_numpy()[~outside]
-    assert (ratio > 1.0).all() and (ratio <= CAL.merge_slowdown * (1 + 1e-12)).all()
-    arrival = merged["arrival_s"].to_numpy()
-    done = arrival + merged["e2e_ms"].to_numpy() / 1000
-    inside = np.zeros(len(merged), dtype=bool)
-    for start in merges.merge_starts_s:
-        inside |= (arrival >= start) & (done <= start + WINDOW_S)
-    assert inside.sum() >= 6
-    assert (merged["e2e_ms"] / base["e2e_ms"])[inside].to_numpy() == pytest.approx(CAL.merge_slowdown, rel=1e-9)
+    worst = 1.0 / (1.0 - max(CAL.merge_shares()))  # up to the jitter of the seconds the stretched work moves into
+    assert (ratio > 1.0).all() and (ratio <= worst * 1.05).all() and np.median(ratio) == pytest.approx(worst, rel=0.01)
 
 
-def test_merges_reach_other_requests_only_after_they_start(params):
-    """Under bursty load with queueing: no request finished before the first merge changes,
-    while later requests outside merge windows can pay knock-on queueing."""
+def test_a_merge_builds_a_queue_that_outlasts_its_window(params):
+    """Under bursty load: nothing done before the first merge changes; after a window, requests that
+    never overlapped it still pay for the queue it left behind."""
     tl, reqs = bursty_load(params)
     base = simulate_replay(reqs, tl, schedule([]), CAL, seed=0)
     merged = simulate_replay(reqs, tl, schedule([30.0, 150.0]), CAL, seed=0)
     done_before = (merged["arrival_s"] + merged["e2e_ms"] / 1000 <= 30.0).to_numpy()
     assert done_before.sum() > 20
     pd.testing.assert_frame_equal(merged[done_before], base[done_before])
-    knock_on = ~merged["merge_active"] & (merged["e2e_ms"] > base["e2e_ms"])
+    knock_on = ~merged["merge_active"] & (merged["e2e_ms"] > base["e2e_ms"] * 1.01)
     assert knock_on.any()
-    assert (merged["e2e_ms"] >= base["e2e_ms"] - 1e-9).mean() > 0.95  # merges never make serving faster overall
+    assert (merged["e2e_ms"] >= base["e2e_ms"] - 1e-6).mean() > 0.95  # merges never make serving faster overall
 
 
 def test_mechanism_shows_in_the_summary(params):
@@ -102,6 +140,14 @@ def test_mechanism_shows_in_the_summary(params):
     summary = summarize(merged, SloSpec(e2e_ms=2000.0), high_pressure_threshold=0.5)
     assert summary.sync_ratio is not None and summary.sync_ratio > 1.3
     assert summary.pressure_ratio is not None and summary.pressure_ratio > 1.0
+
+
+def test_a_larger_compute_share_never_makes_serving_faster(params):
+    tl, reqs = bursty_load(params)
+    merges = schedule([30.0, 80.0, 150.0, 200.0])
+    p95 = [np.percentile(simulate_replay(reqs, tl, merges, CAL.model_copy(update={"merge_compute_share": s}),
+                                         seed=0)["e2e_ms"], 95) for s in (0.0, 0.3, 0.6, 0.9)]
+    assert all(b >= a for a, b in zip(p95, p95[1:])), p95
 
 
 # --------------------------------------------------------------------------- load and seeds
@@ -192,16 +238,6 @@ def test_bad_request_values_and_timelines_are_refused():
 # --------------------------------------------------------------------------- model pieces
 
 
-def test_merge_phase_clock_integrates_the_merge_slowdown_exactly():
-    finish = merge_phase_clock(schedule([10.0, 30.0]), merge_slowdown=2.0)  # windows [10, 18), [30, 38)
-    assert finish(1.0, 2.0) == 3.0  # before any window
-    assert finish(9.0, 2.0) == pytest.approx(12.0)  # 1 s full speed, then 1 s of work at half speed
-    assert finish(17.0, 5.0) == pytest.approx(22.5)  # 0.5 s of work fits the last second of the window
-    assert finish(9.0, 10.0) == pytest.approx(23.0)  # spans the whole first window
-    assert finish(28.0, 20.0) == pytest.approx(52.0)  # 2 s, 4 s of work in [30, 38), 14 s after
-    assert finish(18.0, 1.0) == 19.0  # windows are half-open: [10, 18)
-
-
 def test_merge_active_means_the_life_overlaps_a_window():
     merges = schedule([10.0])  # [10, 18)
     start = np.array([5.0, 5.0, 18.0, 12.0, 9.0, 17.5])
@@ -210,14 +246,24 @@ def test_merge_active_means_the_life_overlaps_a_window():
     assert not overlaps_merge_window(schedule([]), start, end).any()
 
 
-def test_calibration_keeps_its_old_fields_and_reads_old_files(tmp_path):
+def test_calibration_keeps_its_public_meaning_and_reads_old_files(tmp_path):
     cal = Calibration()
-    assert (cal.merge_slowdown, cal.pressure_slowdown, cal.capacity_rps, cal.fitted) == (1.8, 0.6, 8.0, False)
+    assert (cal.pressure_slowdown, cal.capacity_rps, cal.fitted) == (0.6, 8.0, False)
+    assert cal.merge_slowdown == pytest.approx(1.8)
     old = tmp_path / "calibration.json"
     old.write_text('{"merge_slowdown": 2.0, "pressure_slowdown": 0.5, "capacity_rps": 10.0, "fitted": true}')
     loaded = load_calibration(old)
-    assert loaded.merge_slowdown == 2.0 and loaded.max_batch == cal.max_batch
+    assert loaded.merge_compute_share == pytest.approx(0.5) and loaded.merge_slowdown == pytest.approx(2.0)
     signals = FleetSignals(t_s=0.0, busy=True, arrival_rate=5.0, inference_pressure=0.4,
                            network_pressure=0.1, checkpoint_pressure=0.05)
     assert loaded.expected_merge_cost(signals) == pytest.approx(0.5 * 1.0 * (1 + 0.5 * 0.4))
-    assert cal.batch_multiplier(1.0) == 1.0 and cal.batch_multiplier(float(cal.max_batch + 1)) == 1 + cal.batch_slowdown
+    tilted = Calibration(merge_compute_share=0.4, merge_share_skew=0.5)
+    assert tilted.merge_shares() == pytest.approx((0.6, 0.2))
+    assert tilted.merge_slowdown == pytest.approx((1 / 0.4 + 1 / 0.8) / 2)
+
+
+def test_iteration_cost_and_service_time():
+    cal = Calibration(iter_base_ms=5.0, prefill_ms_per_token=0.5, decode_ms_per_seq=2.0)
+    assert cal.iteration_ms(10, 3) == 5.0 + 5.0 + 6.0
+    # alone: one prefill iteration (5 + 0.5 * 40) then 19 decode iterations of one sequence (5 + 2)
+    assert cal.service_ms(40, 20) == pytest.approx(25.0 + 19 * 7.0)

@@ -18,9 +18,9 @@ models and nothing else:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from syncsafe.config import FidelityTargets
 
@@ -28,60 +28,92 @@ DEFAULT_SYNC_RATIO_THRESHOLD = 1.05
 
 
 class RegimeMechanism(BaseModel):
-    """Real-backend measurement of the merge mechanism in one regime."""
+    """Real-backend measurement of the merge mechanism in one regime (pooled over its replayed seeds).
+
+    Merge-active requests are chosen by their *no-sync twin*: a request counts
+    when its life in the seed's (first) no-sync replay overlaps a merge window
+    of the replay with merges, so slow requests are not selected by their own
+    slowness. All ratios are of p95 E2E latency.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    sync_ratio: float = Field(gt=0, description="real p95 latency while a merge is active / inactive")
-    pressure_ratio: float = Field(gt=0, description="real p95 latency under high / low fleet pressure")
+    #: Merge-active requests in the replays with merges / the same request ids in the seed's no-sync replay.
+    sync_ratio_paired: float = Field(gt=0)
+    #: Merge-active / merge-inactive requests within the replays with merges (confounded by load; a diagnostic).
+    sync_ratio_unpaired: float | None = Field(default=None, gt=0)
+    #: High / low inference-pressure requests of the no-sync replays (a diagnostic).
+    pressure_ratio: float | None = Field(default=None, gt=0)
+    #: Drift control: the seed's no-sync replay repeated last / its first run, same request ids.
+    #: None: no repeated no-sync replay, and then the gate fails.
+    drift_ratio: float | None = Field(default=None, gt=0)
+    #: sync_ratio_paired / max(drift_ratio, 1 / drift_ratio): the gate's statistic.
+    gate_ratio: float | None = Field(default=None, gt=0)
+    #: Lower bound of the block-bootstrap 95 % one-sided interval of `gate_ratio`.
+    gate_ratio_ci_low: float | None = Field(default=None, gt=0)
+    n_bootstrap: int = Field(default=0, ge=0)
+    #: Length of the resampled blocks of consecutive arrivals (trace seconds).
+    block_s: float | None = Field(default=None, gt=0)
     backend: Literal["vllm"] = "vllm"
-    n_requests: int | None = Field(default=None, ge=0, description="real requests behind the ratios")
-    drift_ratio: float | None = Field(
-        default=None, gt=0,
-        description="control: p95 of requests done before any merge / the same requests in the no-sync replay "
-                    "(about 1 when the server behaved alike across replays)",
-    )
+    seeds: list[int] = Field(default_factory=list)
+    n_requests: int | None = Field(default=None, ge=0, description="real requests of the replays with merges")
+    n_merge_active: int | None = Field(default=None, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_names(cls, data: Any) -> Any:
+        """`sync_ratio` (the paired ratio under its old, ambiguous name) reads as `sync_ratio_paired`."""
+        if isinstance(data, dict) and "sync_ratio" in data:
+            data = dict(data)
+            data.setdefault("sync_ratio_paired", data.pop("sync_ratio"))
+        return data
 
 
 class MechanismEvidence(BaseModel):
-    """Per-regime effect-size transfer, measured on the real serving backend."""
+    """Per-regime merge mechanism, measured on the real serving backend (the gate of *mechanism transfers*)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     regimes: dict[str, RegimeMechanism]
+    #: The bootstrap lower bound of the drift-corrected paired sync ratio must exceed this.
     sync_ratio_threshold: float = Field(default=DEFAULT_SYNC_RATIO_THRESHOLD, ge=1.0)
-    #: A measurement whose pre-merge control drifts beyond this factor (either way) licenses nothing.
-    max_drift: float = Field(default=1.25, ge=1.0)
 
     @classmethod
     def read(cls, path: str | Path) -> MechanismEvidence:
         """Load from a JSON file with this model's fields."""
         return cls.model_validate_json(Path(path).read_text(encoding="utf-8"))
 
-    def drifted(self, regime: str) -> bool:
-        """True when the regime's pre-merge control shows the server itself changed between replays."""
-        measured = self.regimes.get(regime)
-        drift = measured.drift_ratio if measured is not None else None
-        return drift is not None and not 1.0 / self.max_drift <= drift <= self.max_drift
+    def failure(self, regime: str) -> str | None:
+        """Why the gate fails for `regime` (None: it passes)."""
+        m = self.regimes.get(regime)
+        if m is None:
+            return f"no real-backend (vllm) mechanism measurement for regime {regime!r}"
+        if m.drift_ratio is None:
+            return "no drift control (no repeated no-sync replay): the measurement licenses nothing"
+        if m.gate_ratio_ci_low is None:
+            return "no bootstrap bound of the drift-corrected sync ratio"
+        if not m.gate_ratio_ci_low > self.sync_ratio_threshold:
+            return (f"lower 95 % bound {m.gate_ratio_ci_low:.3g} of the drift-corrected paired sync ratio "
+                    f"<= {self.sync_ratio_threshold:.3g}")
+        return None
 
     def shows(self, regime: str) -> bool:
-        """True when the regime's real sync ratio exceeds the threshold and its control did not drift."""
-        measured = self.regimes.get(regime)
-        return measured is not None and measured.sync_ratio > self.sync_ratio_threshold and not self.drifted(regime)
+        """True when the lower 95 % bound of (paired sync ratio / drift) exceeds the threshold."""
+        return self.failure(regime) is None
 
     def describe(self, regime: str) -> str:
-        measured = self.regimes.get(regime)
-        if measured is None:
-            return f"no real-backend (vllm) mechanism measurement for regime {regime!r}"
-        relation = ">" if measured.sync_ratio > self.sync_ratio_threshold else "<="
-        text = (
-            f"vllm sync ratio {measured.sync_ratio:.3g} {relation} {self.sync_ratio_threshold:.3g}, "
-            f"pressure ratio {measured.pressure_ratio:.3g}"
-        )
-        if measured.drift_ratio is not None:
-            verdict = "drifted: measurement not trusted" if self.drifted(regime) else "within"
-            text += f", pre-merge control {measured.drift_ratio:.3g} ({verdict} ×{self.max_drift:.3g})"
-        return text
+        m = self.regimes.get(regime)
+        if m is None:
+            return self.failure(regime) or ""
+        text = f"vllm paired sync ratio {m.sync_ratio_paired:.3g}"
+        if m.drift_ratio is not None:
+            text += f", drift {m.drift_ratio:.3g}"
+        if m.gate_ratio_ci_low is not None:
+            relation = ">" if m.gate_ratio_ci_low > self.sync_ratio_threshold else "<="
+            text += (f", drift-corrected {m.gate_ratio:.3g} (95 % lower bound {m.gate_ratio_ci_low:.3g} {relation} "
+                     f"{self.sync_ratio_threshold:.3g}, block bootstrap)")
+        failure = self.failure(regime)
+        return text + (f"; {failure}" if failure and m.drift_ratio is None else "")
 
 
 class SignAgreement(BaseModel):
@@ -120,6 +152,9 @@ class FidelityEvidence(BaseModel):
     p95_rel_error_mean: float | None = None
     slo_abs_error_pp_max: float | None = None
     slo_abs_error_pp_mean: float | None = None
+    #: Paired sync ratio (twin-defined merge-active p95 / same ids in no-sync) over the held-out replays.
+    sync_ratio_paired_real: float | None = None
+    sync_ratio_paired_sim: float | None = None
     sync_ratio_sim_over_real: float | None = None
     sign_agreement: list[SignAgreement] = Field(default_factory=list)
     #: Why the simulator is not (or only partly) trusted, in words for the report.

@@ -1,39 +1,50 @@
-"""Serving calibration: how much a merge and fleet pressure slow serving.
+"""Serving calibration: the iteration-level cost model of the server and what a merge takes from it.
 
-The calibrate stage fits these parameters to real replays and writes them as
-JSON; the simulator and the `wa_calibrated` policy read them. Until a fit
-exists the shipped defaults below stand in (flagged by `fitted: false`).
+The calibrate-fit stage fits these parameters to a profile of the real server
+and to real replays of the fit seeds, and writes them as JSON
+(`runs/calibration/calibration.json`); the simulator (`syncsafe.serving.simulator`)
+and the `wa_calibrated` policy read them. Until a fit exists the shipped
+defaults below stand in (flagged by `fitted: false`).
 
-The service-time fields describe one request on an idle server (the model the
-simulator runs is in `syncsafe.serving.simulator`):
+The server advances in engine iterations (continuous batching). One iteration
+over a batch holding `n` decoding sequences and `P` prompt tokens being
+prefilled costs, on an idle machine,
 
-    prefill_ms = base_ms + prefill_ms_per_token * prompt_tokens
-    decode_ms  = decode_ms_per_token * output_tokens
+    iteration_ms = iter_base_ms + prefill_ms_per_token * P + decode_ms_per_seq * n
 
-and the multipliers that slow it down: fleet pressure
-(`1 + pressure_slowdown * inference_pressure`), a merge window
-(`merge_slowdown`) and a fuller batch
-(`1 + batch_slowdown * (in_flight - 1) / max_batch`). The defaults stand for a
-tiny Llama served by the vLLM CPU build: a median request (48 prompt, 24 output
-tokens) takes ~0.27 s alone, and a full batch of 8 such requests saturates at
-~15 requests/s without pressure and ~10 at full pressure, so queueing takes
-over near `capacity_rps` when the fleet is pressured.
+Everything else slows the *machine*, not the request: the server runs at speed
+
+    speed(t) = (1 - merge_share(t)) / ((1 + pressure_slowdown * inference_pressure(t)) * jitter(t))
+
+where `merge_share(t)` is the share of the server's compute a merge takes
+while its window is open (`merge_compute_share`, tilted across the window by
+`merge_share_skew`: `share * (1 + skew)` in the first half, `share * (1 - skew)`
+in the second), and `jitter` a log-normal (sigma `residual_sigma`) drawn once per
+`jitter_step_s` of time from the seed. Queueing and its aftermath then emerge
+from the batch, not from a multiplier. The defaults stand for a tiny Llama on
+the vLLM CPU build: a median request (48 prompt, 24 output tokens) takes
+~0.24 s alone; a full batch of 8 such requests saturates at ~17 requests/s without
+pressure and ~10 at full pressure.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import numpy as np
-from numpy.typing import ArrayLike
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from syncsafe.control.types import FleetSignals
 
-
 #: A number or an array of numbers (the multipliers work elementwise).
 Numeric = TypeVar("Numeric", float, np.ndarray)
+
+#: Largest compute share a merge may take (the server never stops outright).
+MAX_MERGE_SHARE = 0.95
+#: Tokens of the median request of the cpu profile, for `service_ms`-based summaries.
+TYPICAL_PROMPT_TOKENS = 48
+TYPICAL_OUTPUT_TOKENS = 24
 
 
 class CalibrationError(ValueError):
@@ -43,26 +54,54 @@ class CalibrationError(ValueError):
 class Calibration(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    #: Latency multiplier for requests served while a merge is active.
-    merge_slowdown: Annotated[float, Field(ge=1)] = 1.8
-    #: Extra latency multiplier per unit of inference pressure: 1 + pressure_slowdown * p.
-    pressure_slowdown: Annotated[float, Field(ge=0)] = 0.6
-    #: Requests/s the server sustains before queueing dominates.
-    capacity_rps: Annotated[float, Field(gt=0)] = 8.0
-    #: Fixed per-request cost (scheduling, tokenization), paid in the prefill phase.
-    base_ms: Annotated[float, Field(ge=0)] = 10.0
-    #: Prefill cost per prompt token on an idle server.
-    prefill_ms_per_token: Annotated[float, Field(ge=0)] = 0.5
-    #: Decode cost per output token on an idle server.
-    decode_ms_per_token: Annotated[float, Field(ge=0)] = 10.0
-    #: Concurrent requests the server batches; further arrivals wait in a FIFO queue.
+    #: Fixed cost of one engine iteration (scheduling, sampling, the forward pass's floor), ms.
+    iter_base_ms: Annotated[float, Field(ge=0)] = 8.0
+    #: Cost per prompt token prefilled in an iteration, ms.
+    prefill_ms_per_token: Annotated[float, Field(ge=0)] = 0.2
+    #: Cost per sequence decoding one token in an iteration, ms.
+    decode_ms_per_seq: Annotated[float, Field(ge=0)] = 1.5
+    #: Concurrent sequences the server batches (`--max-num-seqs`); further arrivals wait in a FIFO queue.
     max_batch: Annotated[int, Field(ge=1)] = 8
-    #: Batching cost: latency multiplier 1 + batch_slowdown * (in_flight - 1) / max_batch.
-    batch_slowdown: Annotated[float, Field(ge=0)] = 1.0
-    #: Sigma of the per-request log-normal latency residual (median 1).
+    #: Prompt tokens one iteration admits (vLLM's token budget); at least one request joins per iteration.
+    max_prefill_tokens: Annotated[int, Field(ge=1)] = 2048
+    #: Share of the server's compute a merge takes while its window is open.
+    merge_compute_share: Annotated[float, Field(ge=0, le=MAX_MERGE_SHARE)] = 1.0 - 1.0 / 1.8
+    #: Tilt of the share across the window: share*(1+skew) in the first half, share*(1-skew) in the second.
+    merge_share_skew: Annotated[float, Field(ge=-1, le=1)] = 0.0
+    #: Extra slowdown per unit of fleet inference pressure: speed / (1 + pressure_slowdown * p).
+    pressure_slowdown: Annotated[float, Field(ge=0)] = 0.6
+    #: Requests/s the server sustains before queueing dominates (full batch, full pressure, typical request).
+    capacity_rps: Annotated[float, Field(gt=0)] = 8.0
+    #: Sigma of the log-normal speed jitter (median 1), drawn once per `jitter_step_s`.
     residual_sigma: Annotated[float, Field(ge=0)] = 0.2
-    #: True once the calibrate stage has fitted the values to real replays.
+    jitter_step_s: Annotated[float, Field(gt=0)] = 1.0
+    #: True once the calibrate-fit stage has fitted the values to real data.
     fitted: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_merge_slowdown(cls, data: Any) -> Any:
+        """A `merge_slowdown` m (the per-phase model's multiplier) reads as the compute share 1 - 1/m."""
+        if isinstance(data, dict) and "merge_slowdown" in data:
+            data = dict(data)
+            m = float(data.pop("merge_slowdown"))
+            if not m >= 1:
+                raise ValueError(f"merge_slowdown must be >= 1 (got {m})")
+            data.setdefault("merge_compute_share", min(1.0 - 1.0 / m, MAX_MERGE_SHARE))
+        return data
+
+    # ----------------------------------------------------------------- merge
+
+    @property
+    def merge_slowdown(self) -> float:
+        """Mean factor by which a merge stretches the server's work inside a window: mean of 1 / (1 - share)."""
+        halves = self.merge_shares()
+        return float(np.mean([1.0 / (1.0 - s) for s in halves]))
+
+    def merge_shares(self) -> tuple[float, float]:
+        """The compute share a merge takes in the first and the second half of its window."""
+        s, k = self.merge_compute_share, self.merge_share_skew
+        return (min(s * (1.0 + k), MAX_MERGE_SHARE), min(s * (1.0 - k), MAX_MERGE_SHARE))
 
     def expected_merge_cost(self, signals: FleetSignals) -> float:
         """Expected serving cost of a merge started now, in [0, ~1].
@@ -74,21 +113,50 @@ class Calibration(BaseModel):
         slowdown = (self.merge_slowdown - 1.0) * self.pressure_multiplier(signals.inference_pressure)
         return load * slowdown
 
-    def prefill_ms(self, prompt_tokens: ArrayLike) -> np.ndarray:
-        """Prefill time of each request on an idle server, before any slowdown."""
-        return self.base_ms + self.prefill_ms_per_token * np.asarray(prompt_tokens, dtype=float)
-
-    def decode_ms(self, output_tokens: ArrayLike) -> np.ndarray:
-        """Decode time of each request on an idle server, before any slowdown."""
-        return self.decode_ms_per_token * np.asarray(output_tokens, dtype=float)
+    # ----------------------------------------------------------------- cost model
 
     def pressure_multiplier(self, inference_pressure: Numeric) -> Numeric:
         """Latency multiplier of fleet inference pressure: 1 + pressure_slowdown * p."""
         return 1.0 + self.pressure_slowdown * inference_pressure
 
-    def batch_multiplier(self, in_flight: Numeric) -> Numeric:
-        """Latency multiplier of a batch holding `in_flight` requests (the request itself included)."""
-        return 1.0 + self.batch_slowdown * (in_flight - 1.0) / self.max_batch
+    def iteration_ms(self, prefill_tokens: Numeric, decode_seqs: Numeric) -> Numeric:
+        """Idle-machine time of one iteration prefilling `prefill_tokens` while `decode_seqs` sequences decode."""
+        return self.iter_base_ms + self.prefill_ms_per_token * prefill_tokens + self.decode_ms_per_seq * decode_seqs
+
+    def service_ms(self, prompt_tokens: Numeric, output_tokens: Numeric, batch: Numeric = 1.0) -> Numeric:
+        """A request's latency in a steady batch of `batch` sequences (itself included), no queue, no merge.
+
+        One prefill iteration (which yields the first token) and one decode
+        iteration per further output token, every iteration holding `batch`.
+        """
+        others = batch - 1.0
+        prefill = self.iteration_ms(prompt_tokens, others)
+        decode = self.iteration_ms(0.0, batch) * np.maximum(output_tokens - 1.0, 0.0)
+        return prefill + decode
+
+    def full_batch_capacity_rps(self) -> float:
+        """Requests/s a full batch of typical requests sustains at full pressure."""
+        per_request_ms = self.service_ms(float(TYPICAL_PROMPT_TOKENS), float(TYPICAL_OUTPUT_TOKENS),
+                                         float(self.max_batch)) * self.pressure_multiplier(1.0)
+        return self.max_batch / (per_request_ms / 1000.0)
+
+
+#: Where the calibrate-fit stage writes its calibration (relative to the project root).
+FITTED_CALIBRATION = Path("runs") / "calibration" / "calibration.json"
+
+
+def simulator_calibration(path: str | Path | None, root: str | Path = ".") -> Calibration:
+    """The calibration the simulator replays use (`replay.simulator.calibration`).
+
+    A path (relative to `root`) is loaded as given. None: the calibrate-fit
+    stage's `runs/calibration/calibration.json` when it exists (fitted, or the
+    shipped defaults with `fitted: false` when no fit was possible), else the
+    shipped defaults; either way `fitted` says which the replays ran on.
+    """
+    if path is not None:
+        return load_calibration(Path(root) / path)
+    fitted = Path(root) / FITTED_CALIBRATION
+    return load_calibration(fitted if fitted.is_file() else None)
 
 
 def load_calibration(path: str | Path | None) -> Calibration:
@@ -99,6 +167,6 @@ def load_calibration(path: str | Path | None) -> Calibration:
     try:
         return Calibration.model_validate_json(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise CalibrationError(f"{path}: calibration file not found (run the calibrate stage or set it to null)") from None
+        raise CalibrationError(f"{path}: calibration file not found (run the calibrate-fit stage or set it to null)") from None
     except ValidationError as err:
         raise CalibrationError(f"{path}: not a calibration file: {err}") from None

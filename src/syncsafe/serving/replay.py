@@ -31,7 +31,7 @@ from syncsafe import io
 from syncsafe.config import Params
 from syncsafe.schedules.schedule import Schedule, read_schedule
 from syncsafe.schedules.stage import SCHEDULE_SETS_DIR, in_params, read_index
-from syncsafe.serving.calibration import load_calibration
+from syncsafe.serving.calibration import simulator_calibration
 from syncsafe.serving.metrics import REQUEST_RESULT_COLUMNS, SloSpec, derive_slo, summarize
 from syncsafe.serving.simulator import PressureLookup, simulate_replay
 from syncsafe.traces.stage import load_timeline, trace_dir
@@ -109,7 +109,7 @@ def write_set_index(path: Path, rows: list[dict]) -> pd.DataFrame:
 def replay_simulator(params: Params, regime: str, root: Path = Path(".")) -> pd.DataFrame:
     """Every schedule of `regime` through the simulator; returns the set's index."""
     index = read_index(Path(root) / SCHEDULE_SETS_DIR / regime / "index.csv")
-    calibration = load_calibration(params.replay.simulator.calibration)
+    calibration = simulator_calibration(params.replay.simulator.calibration, root)
     rows: list[dict] = []
     with tqdm(total=len(index), desc=f"replay simulator {regime}", unit="replay", leave=False) as bar:
         for seed, schedules in seed_schedules(root, index):

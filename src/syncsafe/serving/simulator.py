@@ -1,59 +1,47 @@
-"""The simulator serving backend: a fast discrete-event model of an LLM server.
+"""The simulator serving backend: an iteration-level model of a continuous-batching LLM server.
 
 `simulate_replay` replays one seed's request table (open loop: a request
-arrives at `arrival_s` whatever the server is doing) against a server doing
-continuous batching, while a `Schedule`'s merge windows run beside it, and
-returns the per-request table of `syncsafe.serving.metrics`.
+arrives at `arrival_s` whatever the server is doing) against a server that
+advances in engine iterations, while a `Schedule`'s merge windows take a
+share of its compute, and returns the per-request table of
+`syncsafe.serving.metrics`.
 
-Model (parameters from `Calibration`):
+Model (parameters and cost formula in `syncsafe.serving.calibration`):
 
-- The server holds at most `max_batch` requests in flight. An arriving
-  request takes a free slot at once, otherwise it waits in a FIFO queue and
-  takes the first slot that frees up (never before the request ahead of it).
-- A request in a slot runs two phases back to back. Their idle-server work:
-
-      prefill_ms = (base_ms + prefill_ms_per_token * prompt_tokens) * residual
-      decode_ms  = decode_ms_per_token * output_tokens * residual
-
-  where `residual ~ LogNormal(0, residual_sigma)` (median 1) is drawn once
-  per request from the seed (stream keyed by regime and seed; the k-th
-  arrival gets the k-th draw), so every schedule of the same seed sees the
-  same residuals.
-- Each phase's work is slowed by
-
-      m(t) = (1 + pressure_slowdown * inference_pressure(t))
-             * (1 + batch_slowdown * (in_flight - 1) / max_batch)
-             * (merge_slowdown if a merge window is active at t else 1)
-
-  `inference_pressure(t)` is the timeline's step value at t (held before
-  the first and after the last row); `in_flight` counts the requests in slots,
-  this one included.
-- Approximation: the pressure factor is read at the start of each phase and
-  the batching factor when the request takes its slot; both then hold for
-  the phase. The merge factor is integrated exactly: inside a merge window
-  the phase progresses at 1 / merge_slowdown of its speed, outside at full
-  speed. Hence a phase that does not overlap a merge window takes exactly
-  the time it takes in the no-sync replay of the same seed; merges reach
-  other requests only through real knock-on effects (a slowed request holds
-  its slot and raises the batching factor longer, and the queue grows).
-- TTFT = queue wait + prefill; E2E = TTFT + decode. Nothing fails, so
+- **Work time.** The machine runs at `speed(t)` (merge share, fleet
+  pressure, seeded jitter; piecewise constant between the timeline's steps,
+  the jitter buckets and the merge windows' edges and midpoints). The loop
+  runs on *work time* `W(t) = integral of speed`, where every iteration costs
+  its idle-machine time; arrivals are mapped to work time and results back to
+  wall time (`WorkClock`, exact inverse of a piecewise-linear map). Where no
+  merge ever ran, `W` is the no-sync replay's, so a schedule without merges
+  reproduces no-sync bit for bit, and a merge's lost work shows up as the
+  queue that builds during its window and drains after it.
+- **Iterations.** At most `max_batch` sequences are in the batch. An
+  arriving request joins at the next iteration boundary if a slot is free,
+  else it waits in a FIFO queue. An iteration that admits requests prefills
+  their prompts (at most `max_prefill_tokens` per iteration, at least one
+  request) while every running sequence decodes one token; it yields each
+  admitted request's first token (TTFT). A request with `o` output tokens
+  then needs `o - 1` further iterations and leaves the batch at the end of
+  its last one. Between admissions and completions the batch composition is
+  constant, so the loop jumps over runs of identical decode iterations in
+  closed form (a heap of completion steps; a few Python steps per request).
+- TTFT = first token - arrival, E2E = done - arrival, in ms. Nothing fails:
   `error` is empty and `output_tokens_received = output_tokens`.
 
 `merge_active` rule: the request's life [arrival_s, arrival_s + E2E)
 overlaps a merge window [start, start + window_s) (a zero-length life counts
-when a window is active at its arrival). Requests that only wait in the queue
-during a merge count as merge-active too: the merge is what they wait on.
+when a window is active at its arrival).
 
-The event loop is plain Python over precomputed per-request work (one heap
-push and pop per request); it simulates several hundred thousand requests
-per second on one core (benchmarks/bench_simulator.py).
+Deterministic in (requests, timeline, schedule, calibration, seed); well over
+10^5 simulated requests per second on one core (benchmarks/bench_simulator.py).
 """
 
 from __future__ import annotations
 
 import heapq
-from bisect import bisect_right
-from collections.abc import Callable
+import math
 
 import numpy as np
 import pandas as pd
@@ -64,12 +52,12 @@ from syncsafe.serving.metrics import REQUEST_RESULT_COLUMNS, require_columns
 from syncsafe.traces.requests import REQUEST_COLUMNS
 from syncsafe.traces.timeline import regime_rng
 
-#: Random stream of the per-request latency residuals (see `regime_rng`).
+#: Random stream of the speed jitter (see `regime_rng`).
 RESIDUAL_STREAM = "simulator-residual"
-
-#: `finish(start_s, work_s) -> end_s`: when a phase needing `work_s` of
-#: full-speed service, started at `start_s`, completes.
-PhaseClock = Callable[[float, float], float]
+#: Wall seconds the work clock reaches past the last arrival before it holds its last speed.
+HORIZON_PAD_S = 600.0
+#: Index bits of a heap key (completion step << bits | request index).
+_IDX_BITS = 32
 
 
 class PressureLookup:
@@ -87,16 +75,75 @@ class PressureLookup:
         step_s = float(t[1] - t[0]) if t.size > 1 else 1.0
         if not step_s > 0 or not np.allclose(np.diff(t), step_s, rtol=1e-6, atol=0.0):
             raise ValueError("load timeline: t_s must increase in a fixed step")
+        self.step_s = step_s
         #: Timeline rows per second: row = floor((t - t0) * steps_per_s), clipped to the table.
         self.steps_per_s = 1.0 / step_s
 
     def rows(self, t_s: np.ndarray) -> np.ndarray:
-        """Timeline row holding at each time (the same rule as the event loop's)."""
+        """Timeline row holding at each time."""
         rows = np.floor((np.asarray(t_s, dtype=float) - self.t0) * self.steps_per_s).astype(np.int64)
         return np.clip(rows, 0, self.values.size - 1)
 
     def at(self, t_s: np.ndarray) -> np.ndarray:
         return self.values[self.rows(t_s)]
+
+    def edges(self) -> np.ndarray:
+        """The times where the held value may change (row starts after the first)."""
+        return self.t0 + np.arange(1, self.values.size) * self.step_s
+
+
+class WorkClock:
+    """Wall time <-> work time of a machine running at piecewise-constant speed.
+
+    `edges` (sorted wall times) split time into segments; `speed[j]` holds on
+    [edges[j], edges[j+1]), `speed[0]` before the first edge and the last
+    speed after the last edge.
+    """
+
+    def __init__(self, edges: np.ndarray, speed: np.ndarray) -> None:
+        if not (speed > 0).all():
+            raise ValueError("work clock: speed must be > 0")
+        self.edges = edges
+        self.work = np.concatenate([[0.0], np.cumsum(np.diff(edges) * speed[:-1])])
+        self.first_speed, self.last_speed = float(speed[0]), float(speed[-1])
+
+    def to_work(self, t_s: np.ndarray) -> np.ndarray:
+        t = np.asarray(t_s, dtype=float)
+        w = np.interp(t, self.edges, self.work)
+        w = np.where(t < self.edges[0], (t - self.edges[0]) * self.first_speed, w)
+        return np.where(t > self.edges[-1], self.work[-1] + (t - self.edges[-1]) * self.last_speed, w)
+
+    def to_wall(self, w: np.ndarray) -> np.ndarray:
+        w = np.asarray(w, dtype=float)
+        t = np.interp(w, self.work, self.edges)
+        t = np.where(w < 0.0, self.edges[0] + w / self.first_speed, t)
+        return np.where(w > self.work[-1], self.edges[-1] + (w - self.work[-1]) / self.last_speed, t)
+
+
+def work_clock(
+    schedule: Schedule, calibration: Calibration, pressure: PressureLookup, jitter: np.ndarray,
+    jitter_t0: float, t_end: float,
+) -> WorkClock:
+    """The machine's work clock under `schedule`'s merges, the timeline's pressure and the seeded jitter."""
+    step = calibration.jitter_step_s
+    starts = np.asarray(schedule.merge_starts_s, dtype=float)
+    w = schedule.window_s
+    merge_edges = np.concatenate([starts, starts + w / 2.0, starts + w]) if starts.size else np.empty(0)
+    jitter_edges = jitter_t0 + np.arange(1, jitter.size) * step
+    lo = min(pressure.t0, jitter_t0)
+    edges = np.unique(np.concatenate([[lo, t_end], pressure.edges(), jitter_edges, merge_edges]))
+    edges = edges[(edges >= lo) & (edges <= t_end)]
+    speed = 1.0 / (calibration.pressure_multiplier(pressure.at(edges)))
+    jrow = np.clip(np.floor((edges - jitter_t0) / step).astype(np.int64), 0, jitter.size - 1)
+    speed = speed / jitter[jrow]
+    if starts.size:
+        first, second = calibration.merge_shares()
+        i = np.searchsorted(starts, edges, side="right") - 1
+        into = edges - starts[np.maximum(i, 0)]
+        inside = (i >= 0) & (into < w)
+        share = np.where(into < w / 2.0, first, second)
+        speed = np.where(inside, speed * (1.0 - share), speed)
+    return WorkClock(edges, speed)
 
 
 def simulate_replay(
@@ -115,18 +162,18 @@ def simulate_replay(
     arrival, prompt, output = _request_arrays(requests)
     pressure = PressureLookup(timeline)
     order = np.argsort(arrival, kind="stable")
-    # The k-th arrival's residual: the same however the request table's rows are ordered.
+    t_lo = min(float(arrival.min()) if arrival.size else pressure.t0, pressure.t0)
+    t_hi = max(float(arrival.max()) if arrival.size else pressure.t0, pressure.t0 + pressure.values.size * pressure.step_s)
+    n_jitter = int(math.ceil((t_hi - t_lo) / calibration.jitter_step_s)) + 1
     rng = regime_rng(schedule.regime, seed, RESIDUAL_STREAM)
-    residual = rng.lognormal(0.0, calibration.residual_sigma, arrival.size)
-    first_token, done = np.empty(arrival.size), np.empty(arrival.size)
-    first_token[order], done[order] = _serve(
-        arrival[order],
-        calibration.prefill_ms(prompt[order]) * residual / 1000.0,
-        calibration.decode_ms(output[order]) * residual / 1000.0,
-        pressure,
-        calibration,
-        merge_phase_clock(schedule, calibration.merge_slowdown),
+    jitter = rng.lognormal(0.0, calibration.residual_sigma, n_jitter)
+    clock = work_clock(schedule, calibration, pressure, jitter, t_lo, t_hi + HORIZON_PAD_S)
+    first_w, done_w = serve_iterations(
+        clock.to_work(arrival[order]), prompt[order], output[order], calibration,
     )
+    first_token, done = np.empty(arrival.size), np.empty(arrival.size)
+    first_token[order] = np.maximum(clock.to_wall(first_w), arrival[order])
+    done[order] = np.maximum(clock.to_wall(done_w), first_token[order])
     ttft_ms = (first_token - arrival) * 1000.0
     e2e_ms = (done - arrival) * 1000.0
     return pd.DataFrame(
@@ -147,35 +194,63 @@ def simulate_replay(
     )
 
 
-def merge_phase_clock(schedule: Schedule, merge_slowdown: float) -> PhaseClock:
-    """Phase completion times with the merge factor integrated exactly.
+def serve_iterations(
+    arrival_w: np.ndarray, prompt: np.ndarray, output: np.ndarray, calibration: Calibration,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The iteration loop on work time over requests sorted by arrival: (first-token, done) work times.
 
-    A phase progresses at full speed outside merge windows and at
-    1 / merge_slowdown inside them. A phase that meets no window ends at
-    exactly `start_s + work_s`, bit for bit the no-sync result.
+    See the module docstring. `G` counts iterations; a running request's heap
+    key is the iteration count at which it has produced its last token.
     """
-    starts = [float(s) for s in schedule.merge_starts_s]
-    ends = [s + schedule.window_s for s in starts]
-    n = len(starts)
-
-    def finish(t: float, work: float) -> float:
-        i = bisect_right(ends, t)  # first window still open after t
-        while i < n:
-            if t < starts[i]:
-                gap = starts[i] - t
-                if work <= gap:
-                    return t + work
-                work -= gap
-                t = starts[i]
-            room = (ends[i] - t) / merge_slowdown  # full-speed work the rest of this window holds
-            if work <= room:
-                return t + work * merge_slowdown
-            work -= room
-            t = ends[i]
-            i += 1
-        return t + work
-
-    return finish
+    base = calibration.iter_base_ms / 1000.0
+    per_token = calibration.prefill_ms_per_token / 1000.0
+    per_seq = calibration.decode_ms_per_seq / 1000.0
+    max_batch, budget = calibration.max_batch, calibration.max_prefill_tokens
+    arr, prm, out = arrival_w.tolist(), prompt.tolist(), output.tolist()
+    n = len(arr)
+    first = [0.0] * n
+    done = [0.0] * n
+    heap: list[int] = []
+    push, pop = heapq.heappush, heapq.heappop
+    mask = (1 << _IDX_BITS) - 1
+    t = -math.inf
+    g = 0  # iterations run so far
+    i = 0  # next request not yet admitted
+    while i < n or heap:
+        running = len(heap)
+        if running == 0 and t < arr[i]:
+            t = arr[i]  # idle: the next arrival starts an iteration at once
+        if i < n and arr[i] <= t and running < max_batch:
+            j, tokens = i, 0
+            while j < n and arr[j] <= t and running + (j - i) < max_batch:
+                if j > i and tokens + prm[j] > budget:
+                    break
+                tokens += prm[j]
+                j += 1
+            t += base + per_token * tokens + per_seq * running
+            g += 1
+            while heap and heap[0] >> _IDX_BITS <= g:
+                done[pop(heap) & mask] = t
+            for k in range(i, j):
+                first[k] = t
+                if out[k] > 1:
+                    push(heap, (g + out[k] - 1) << _IDX_BITS | k)
+                else:
+                    done[k] = t
+            i = j
+            continue
+        # decode-only iterations until the next completion or the boundary at/after the next admissible arrival
+        step = base + per_seq * running
+        k = (heap[0] >> _IDX_BITS) - g
+        if i < n and running < max_batch:
+            k2 = math.ceil((arr[i] - t) / step)
+            if k2 < k:
+                k = k2 if k2 > 1 else 1
+        t += k * step
+        g += k
+        while heap and heap[0] >> _IDX_BITS <= g:
+            done[pop(heap) & mask] = t
+    return np.asarray(first), np.asarray(done)
 
 
 def overlaps_merge_window(schedule: Schedule, start_s: np.ndarray, end_s: np.ndarray) -> np.ndarray:
@@ -208,45 +283,3 @@ def _numeric(requests: pd.DataFrame, column: str) -> np.ndarray:
         return requests[column].to_numpy(dtype=float)
     except (TypeError, ValueError):
         raise ValueError(f"request table: column {column!r} is not numeric or has missing values") from None
-
-
-def _serve(
-    arrival_s: np.ndarray,
-    prefill_work_s: np.ndarray,
-    decode_work_s: np.ndarray,
-    pressure: PressureLookup,
-    calibration: Calibration,
-    finish: PhaseClock,
-) -> tuple[np.ndarray, np.ndarray]:
-    """The event loop over requests sorted by arrival: first-token and done times.
-
-    `slots` is a heap of the completion times of the requests in flight; a
-    request admitted at t first retires every completion <= t.
-    """
-    max_batch = calibration.max_batch
-    batch_factor = [calibration.batch_multiplier(float(k + 1)) for k in range(max_batch)]  # by others in flight
-    pressure_factor = calibration.pressure_multiplier(pressure.values).tolist()
-    t0, per_step, last_row = pressure.t0, pressure.steps_per_s, len(pressure_factor) - 1
-    slots: list[float] = []
-    first_token: list[float] = []
-    done: list[float] = []
-    admitted = float("-inf")
-    pop, push = heapq.heappop, heapq.heappush
-    for arrival, prefill_work, decode_work in zip(arrival_s.tolist(), prefill_work_s.tolist(), decode_work_s.tolist()):
-        t = arrival if arrival > admitted else admitted  # FIFO: never ahead of an earlier request
-        while slots and slots[0] <= t:
-            pop(slots)
-        if len(slots) >= max_batch:  # queue until the first slot frees up
-            t = pop(slots)
-            while slots and slots[0] <= t:
-                pop(slots)
-        admitted = t
-        batch = batch_factor[len(slots)]
-        row = int((t - t0) * per_step)
-        ft = finish(t, prefill_work * batch * pressure_factor[0 if row < 0 else last_row if row > last_row else row])
-        row = int((ft - t0) * per_step)
-        end = finish(ft, decode_work * batch * pressure_factor[0 if row < 0 else last_row if row > last_row else row])
-        push(slots, end)
-        first_token.append(ft)
-        done.append(end)
-    return np.asarray(first_token), np.asarray(done)

@@ -39,6 +39,8 @@ from syncsafe.serving.replay import (
     set_dir,
     wall_windows,
 )
+from syncsafe.serving.profile import max_num_seqs, profile_server
+from syncsafe.serving.vllm_plan import choose_schedules, replay_order, vllm_controllers, vllm_seeds
 from syncsafe.serving.vllm_server import ServerError, VllmServer, resolve_python
 from syncsafe.traces.stage import load_timeline, trace_dir
 
@@ -49,6 +51,9 @@ GAUGES = {
     "vllm:kv_cache_usage_perc": "kv_cache_usage",
 }
 LEAD_S = 2.0
+#: Second no-sync replay of each seed (drift control), same columns as index.csv; and the server profile.
+REPEATS_FILE = "repeats.csv"
+PROFILE_FILE = "profile.json"
 SERVER_LOG = Path("logs") / "replay-vllm" / "server.log"
 
 
@@ -105,8 +110,8 @@ def server_log_path(root: Path) -> Path:
 
 
 def vllm_policies(params: Params) -> list[str]:
-    """Controllers whose schedules the vLLM replay covers."""
-    return params.replay.vllm.policies or params.control.policies[:2]
+    """Controllers whose schedules the vLLM replay covers (the primary first; see `vllm_plan`)."""
+    return vllm_controllers(params)
 
 
 def served_model(params: Params, root: Path) -> Path | str:
@@ -117,7 +122,7 @@ def served_model(params: Params, root: Path) -> Path | str:
     cfg = params.replay.vllm
     if cfg.model:
         return resolve_model(cfg.model, "replay.vllm.model")
-    seed = (cfg.seeds or params.seeds)[0]
+    seed = vllm_seeds(params)[0]
     trained = Path(root) / "runs" / "train" / cfg.regimes[0] / vllm_policies(params)[0] / f"seed-{seed}" / "model"
     if (trained / "config.json").is_file():
         return trained
@@ -153,26 +158,18 @@ def replay_vllm(params: Params, root: Path = Path(".")) -> pd.DataFrame:
     if not cfg.enabled:  # an empty set: calibrate then records that nothing was measured on a real server
         return write_set_index(set_dir(root, "vllm") / "index.csv", [])
     index = read_index(Path(root) / SCHEDULE_INDEX)
-    seeds = cfg.seeds or params.seeds[:1]
-    policies = vllm_policies(params)
-    chosen = index[
-        index["regime"].isin(cfg.regimes)
-        & index["seed"].isin(seeds)
-        & (
-            (index["source"] == "no_sync")
-            | (index["policy"].isin(policies) & index["source"].isin(["train", "harness"]))
-            | ((index["source"] == "matched_random") & index["matched_to"].isin(policies) & (index["draw"] < cfg.draws))
-        )
-    ]
+    chosen = choose_schedules(params, index)
     model = served_model(params, root)
     vocab, numel = _model_facts(model)
     out_root = set_dir(root, "vllm")
     server = VllmServer(resolve_python(cfg.python), model, server_log_path(root), cfg.server_args,
                         cfg.startup_timeout_s, cache_dir=Path(root).resolve() / "models" / "vllm-cache")
     rows: list[dict] = []
+    repeats: list[dict] = []
     warmed = cfg.warmup_s == 0
     with server, MergeInterference(cfg.interference, cfg.interference_workers, numel) as work, \
-            tqdm(total=len(chosen), desc="replay vllm", unit="replay", leave=False) as bar:
+            tqdm(total=len(chosen) + cfg.repeat_no_sync * chosen["seed"].nunique(), desc="replay vllm",
+                 unit="replay", leave=False) as bar:
         for regime, by_regime in chosen.groupby("regime", sort=False):
             for seed, schedules in seed_schedules(root, by_regime):
                 requests = pd.read_parquet(trace_dir(root, regime, seed) / "requests.parquet")
@@ -183,8 +180,10 @@ def replay_vllm(params: Params, root: Path = Path(".")) -> pd.DataFrame:
                     replay_requests(server.base_url, server.served_name, warmup, time.time() + 0.5, cfg.time_scale, vocab, seed,
                                     cfg.max_in_flight, cfg.request_timeout_s)
                     warmed = True
+                    if cfg.profile:  # the server's iteration costs, with and without merges, for calibrate-fit
+                        write_server_profile(server, work, out_root, vocab, cfg)
                 slo = None
-                for row in schedules:
+                for row, repeat in replay_order(regime, seed, schedules, cfg.repeat_no_sync):
                     schedule = read_schedule(Path(root) / row["path"])
                     start = time.time() + LEAD_S
                     windows = wall_windows(schedule, start, cfg.time_scale, cfg.max_trace_s)
@@ -197,6 +196,7 @@ def replay_vllm(params: Params, root: Path = Path(".")) -> pd.DataFrame:
                     results = request_results(raw, timeline, worked, start, cfg.time_scale)
                     slo = slo or resolve_slo(params, results)
                     out = replay_path(root, "vllm", row["path"])
+                    out = out.with_name(out.name + "-repeat") if repeat else out
                     io.write_parquet(out / "signals.parquet", scraper.frame())
                     io.write_csv(out / "windows.csv", pd.DataFrame(
                         [((b - start) * cfg.time_scale, (e - start) * cfg.time_scale, n) for b, e, n in worked],
@@ -208,9 +208,26 @@ def replay_vllm(params: Params, root: Path = Path(".")) -> pd.DataFrame:
                         **replay_validity(results, cfg.max_failure_rate, cfg.max_send_lag_p99_ms),
                         "cap_wait_max_ms": float(results["cap_wait_ms"].max()),
                     })  # fmt: skip
-                    rows.append(index_row(row, "vllm", schedule, summary, out, Path(root)))
+                    (repeats if repeat else rows).append(index_row(row, "vllm", schedule, summary, out, Path(root)))
                     bar.update()
+    write_set_index(out_root / REPEATS_FILE, repeats)
     return write_set_index(out_root / "index.csv", rows)
+
+
+def write_server_profile(server: VllmServer, work: MergeInterference, out_root: Path, vocab: int, cfg) -> Path:
+    """Probe the server (`syncsafe.serving.profile`) and write profile.json and the last /metrics text."""
+    def merge_window(start: float, end: float):
+        work.submit([(start, end)])
+        return lambda: work.collect(timeout_s=cfg.request_timeout_s + (end - start))
+
+    now = time.time()  # the workers may still be starting: wait for one short window before timing anything
+    work.submit([(now, now + 0.1)])
+    work.collect(timeout_s=cfg.startup_timeout_s)
+    max_batch = max_num_seqs(cfg.server_args) or 8
+    profile, text = profile_server(server.base_url, server.served_name, vocab, max_batch, cfg.interference,
+                                   merge_window, probe_s=cfg.profile_probe_s)
+    io.write_text(out_root / "metrics.txt", text)
+    return io.write_text(out_root / PROFILE_FILE, profile.model_dump_json(indent=2) + "\n")
 
 
 __all__ = ["MetricsScraper", "ServerError", "parse_gauges", "replay_vllm", "served_model"]

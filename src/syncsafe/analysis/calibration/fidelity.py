@@ -1,0 +1,149 @@
+"""Held-out fidelity: the simulator against real replays of seeds the fit never saw.
+
+Every held-out real replay (the held-out seeds' no-sync, controller and
+matched-random replays) is simulated on its own wall-time inputs with the
+calibration the simulator replay stage used. Per replay: the real and
+simulated SLO-violation rate (judged by the replay's own SLO) and p95 E2E.
+Per held-out seed and controller with matched-random draws: controller SLO %
+minus the mean SLO % of its draws, on the real server and in the simulator
+(`SignAgreement`). Pooled over the held-out seeds: the paired sync ratio
+(twin-defined merge-active, `mechanism.active_pairs`) simulated / real.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from syncsafe.analysis.calibration.mechanism import active_pairs
+from syncsafe.analysis.calibration.records import ReplayRecord, no_sync_records, ok_mask, p95, simulate_record
+from syncsafe.analysis.evidence import FidelityEvidence, SignAgreement
+from syncsafe.analysis.figures import write_png
+from syncsafe.config import FidelityTargets
+from syncsafe.io import atomic_path
+from syncsafe.serving.calibration import Calibration
+from syncsafe.serving.metrics import SloSpec, derive_slo, p95_ratio, violation_mask
+from syncsafe.serving.simulator import overlaps_merge_window
+
+FIDELITY_COLUMNS = (
+    "regime", "seed", "policy", "draw", "matched_to", "source", "label", "n_requests",
+    "slo_pct_real", "slo_pct_sim", "slo_abs_error_pp", "p95_ms_real", "p95_ms_sim", "p95_rel_error",
+)  # fmt: skip
+
+
+def _slo_for(rec: ReplayRecord, twins: Mapping[tuple[str, int], ReplayRecord], multiplier: float) -> SloSpec:
+    return rec.slo if rec.slo is not None else derive_slo(twins[rec.key].results, multiplier)
+
+
+def fidelity_table(real: Sequence[ReplayRecord], sims: Sequence[ReplayRecord], slo_multiplier: float = 1.5
+                   ) -> pd.DataFrame:
+    """Per held-out replay (repeats left out): real vs simulated SLO % and p95 E2E, with the errors."""
+    twins = no_sync_records(real)
+    rows = []
+    for rec, sim in zip(real, sims):
+        if rec.repeat:
+            continue
+        slo = _slo_for(rec, twins, slo_multiplier)
+        real_pct = 100.0 * float(violation_mask(rec.results, slo).mean())
+        sim_pct = 100.0 * float(violation_mask(sim.results, slo).mean())
+        a = p95(rec.results["e2e_ms"].to_numpy(dtype=float)[ok_mask(rec.results)])
+        b = p95(sim.results["e2e_ms"].to_numpy(dtype=float))
+        rows.append({
+            "regime": rec.regime, "seed": rec.seed, "policy": rec.schedule.policy, "draw": rec.schedule.draw,
+            "matched_to": rec.schedule.matched_to, "source": rec.schedule.source, "label": rec.label, "n_requests": len(rec.results),
+            "slo_pct_real": real_pct, "slo_pct_sim": sim_pct, "slo_abs_error_pp": abs(sim_pct - real_pct),
+            "p95_ms_real": a, "p95_ms_sim": b,
+            "p95_rel_error": abs(b - a) / a if a and b is not None else None,
+        })  # fmt: skip
+    return pd.DataFrame(rows, columns=list(FIDELITY_COLUMNS)).astype({"draw": "Int64"})
+
+
+def sign_agreement(table: pd.DataFrame) -> list[SignAgreement]:
+    """Per (regime, seed, controller) with draws: controller minus mean-of-draws SLO %, real and simulated."""
+    out = []
+    controllers = table[table["source"].isin(["train", "harness", "live"])]
+    for row in controllers.itertuples(index=False):
+        draws = table[(table["source"] == "matched_random") & (table["regime"] == row.regime)
+                      & (table["seed"] == row.seed) & (table["matched_to"] == row.policy)]
+        if draws.empty:
+            continue
+        out.append(SignAgreement(
+            regime=row.regime, policy=row.policy, seed=int(row.seed), n_draws=len(draws),
+            real_delta_pct=float(row.slo_pct_real - draws["slo_pct_real"].mean()),
+            sim_delta_pct=float(row.slo_pct_sim - draws["slo_pct_sim"].mean()),
+        ))  # fmt: skip
+    return out
+
+
+def fidelity_evidence(
+    held_out: Sequence[ReplayRecord], calibration: Calibration, *, fit_seeds: Sequence[int],
+    held_out_seeds: Sequence[int], targets: FidelityTargets, slo_multiplier: float = 1.5,
+    notes: Sequence[str] = (),
+) -> tuple[FidelityEvidence, pd.DataFrame, list[ReplayRecord]]:
+    """FidelityEvidence of `calibration` on the held-out replays, the per-replay table and the simulated records."""
+    sims = [simulate_record(r, calibration) for r in held_out]
+    table = fidelity_table(held_out, sims, slo_multiplier)
+    real_pairs, sim_pairs = active_pairs(list(held_out)), active_pairs(sims)
+    real_ratio = p95_ratio(real_pairs.mine, real_pairs.twin)
+    sim_ratio = p95_ratio(sim_pairs.mine, sim_pairs.twin)
+    p95_err = table["p95_rel_error"].to_numpy(dtype=float)
+    p95_err = p95_err[np.isfinite(p95_err)]
+    slo_err = table["slo_abs_error_pp"].to_numpy(dtype=float)
+    evidence = FidelityEvidence(
+        calibration="fitted" if calibration.fitted else "default", targets=targets,
+        fit_seeds=sorted(fit_seeds), held_out_seeds=sorted(held_out_seeds), n_held_out_replays=len(table),
+        p95_rel_error_max=float(p95_err.max()) if p95_err.size else None,
+        p95_rel_error_mean=float(p95_err.mean()) if p95_err.size else None,
+        slo_abs_error_pp_max=float(slo_err.max()) if slo_err.size else None,
+        slo_abs_error_pp_mean=float(slo_err.mean()) if slo_err.size else None,
+        sync_ratio_paired_real=real_ratio, sync_ratio_paired_sim=sim_ratio,
+        sync_ratio_sim_over_real=sim_ratio / real_ratio if real_ratio and sim_ratio else None,
+        sign_agreement=sign_agreement(table), notes=list(notes),
+    )  # fmt: skip
+    return evidence, table, sims
+
+
+def cdf_figure(real: Sequence[ReplayRecord], sims: Sequence[ReplayRecord]) -> Figure:
+    """Real vs simulated E2E CDFs of merge-active and inactive requests (their no-sync twin's life), per replay."""
+    pairs = [(r, s) for r, s in zip(real, sims) if r.has_merges and not r.is_no_sync]
+    cols = min(4, max(len(pairs), 1))
+    rows = max(math.ceil(len(pairs) / cols), 1)
+    figure = Figure(figsize=(3.6 * cols, 3.0 * rows), layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(rows, cols, squeeze=False)
+    twins = no_sync_records(real)
+    for ax, (rec, sim) in zip(axes.flat, pairs):
+        twin = twins[rec.key].by_id()
+        for label, table, style in (("real", rec.by_id(), "-"), ("sim", sim.by_id(), "--")):
+            ids = table.index.intersection(twin.index)
+            start = twin.loc[ids, "arrival_s"].to_numpy(dtype=float)
+            end = start + twin.loc[ids, "e2e_ms"].to_numpy(dtype=float) / 1000.0 * rec.time_scale
+            active = overlaps_merge_window(rec.replayed_schedule(), start, end)
+            e2e = table.loc[ids, "e2e_ms"].to_numpy(dtype=float)
+            for group, mask, color in (("merge-active", active, "C3"), ("inactive", ~active, "C0")):
+                values = np.sort(e2e[mask & np.isfinite(e2e)])
+                if values.size:
+                    ax.plot(values, np.arange(1, values.size + 1) / values.size, style, color=color,
+                            label=f"{group} {label}")
+        ax.set_xscale("log")
+        ax.set_title(rec.name, fontsize="small")
+        ax.set_xlabel("E2E ms")
+    for ax in list(axes.flat)[len(pairs):]:
+        ax.set_visible(False)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    if handles:
+        figure.legend(handles, labels, loc="outside lower center", ncols=4, fontsize="small")
+    return figure
+
+
+def save_cdf_figure(real: Sequence[ReplayRecord], sims: Sequence[ReplayRecord], path: str | os.PathLike[str]) -> Path:
+    with atomic_path(path) as tmp:
+        write_png(cdf_figure(real, sims), tmp)
+    return Path(path)
