@@ -77,18 +77,22 @@ def _two_regimes(raw: dict) -> dict:
     return raw
 
 
+@pytest.mark.slow
 def test_rerun_writes_every_output_byte_for_byte(tmp_path, raw_params, cli):
-    """Two fresh runs of traces -> schedules -> simulator replay -> replay index: every file identical."""
+    """Two fresh runs of traces -> schedules -> simulator replay -> replay index -> analyze: every file
+    identical, the replay index, policy_table.csv and metrics.json included."""
     params_file = tmp_path / "params.yaml"
     params_file.write_text(yaml.safe_dump(_two_regimes(raw_params)))
     runs = []
     for name in ("first", "again"):
         root = tmp_path / name
-        for cmd in STAGES:
+        for cmd in (*STAGES, ["analyze"]):
             cli(*cmd, "--params", str(params_file), "--root", str(root))
         runs.append(_all_files(root))
     first, again = runs
     assert sorted(first) == sorted(again)
+    for path in ("runs/replay/index.csv", "reports/policy_table.csv", "reports/metrics.json"):
+        assert path in first
     assert any(p.endswith("decisions.jsonl") for p in first) and any(p.endswith("requests.parquet") for p in first)
     assert [p for p in first if first[p] != again[p]] == []
     decision = json.loads(next(v for p, v in first.items() if p.endswith("decisions.jsonl")).splitlines()[0])
