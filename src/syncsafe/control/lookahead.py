@@ -69,6 +69,10 @@ class WaLookahead(Policy):
         self.grid_s = grid_s
         self.seasonal = seasonal
         self.level = level
+        #: Period detection (an FFT of the history) is refreshed after this much new history.
+        self._period_every_s = max(cycle_s, 60.0)
+        self._period: float | None = None
+        self._period_at: float | None = None
         self._t: deque[float] = deque(maxlen=max(4, int(round(cfg.history_s / grid_s))))
         self._x: deque[float] = deque(maxlen=self._t.maxlen)
 
@@ -92,10 +96,13 @@ class WaLookahead(Policy):
 
     # ------------------------------------------------------------------ forecasts
 
-    def candidate_costs(self, t_s: float, n_ahead: int) -> tuple[np.ndarray, np.ndarray, float, str]:
-        """Forecast mean and spread of the merge cost at cycles k = 0..n_ahead, the spread sigma, and the method."""
-        x = np.asarray(self._x, dtype=float)
-        c = self._window_costs(x)
+    def candidate_costs(
+        self, t_s: float, n_ahead: int, x: np.ndarray, c: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, float, str]:
+        """Forecast mean and spread of the merge cost at cycles k = 0..n_ahead, the spread sigma, and the method.
+
+        `x`: the cost samples of the history; `c`: their window means (`_window_costs(x)`).
+        """
         level = self.level.forecast(t_s, self.window_s)
         k = np.arange(n_ahead + 1)
         if c.size < 2:
@@ -104,12 +111,19 @@ class WaLookahead(Policy):
         lags = np.rint(k * self.cycle_s / self.grid_s).astype(int)
         rho = np.array([self._autocorr(c, lag, mu, sigma) for lag in lags])
         spread = sigma * np.sqrt(np.clip(1.0 - rho**2, 0.0, 1.0))
-        period = self.seasonal.period_s()
+        period = self._detected_period()
         if period is not None:
             mean = self._seasonal_means(x, c, level, lags, period)
             if mean is not None:
                 return mean, spread, sigma, f"seasonal P={period:g}s"
         return mu + (level - mu) * rho, spread, sigma, "mean reversion"
+
+    def _detected_period(self) -> float | None:
+        """The seasonal forecaster's period, re-detected once `_period_every_s` of new samples arrived."""
+        last = self._t[-1] if self._t else None
+        if last is not None and (self._period_at is None or last - self._period_at >= self._period_every_s):
+            self._period, self._period_at = self.seasonal.period_s(), last
+        return self._period
 
     @staticmethod
     def _autocorr(c: np.ndarray, lag: int, mu: float, sigma: float) -> float:
@@ -135,9 +149,9 @@ class WaLookahead(Policy):
             means.append(level + float(np.mean(deltas)))
         return np.maximum(np.asarray(means), 0.0)
 
-    def _standard_shape(self) -> np.ndarray:
+    @staticmethod
+    def _standard_shape(c: np.ndarray) -> np.ndarray:
         """Standardised quantiles of the window costs seen (the shape of their distribution)."""
-        c = self._window_costs(np.asarray(self._x, dtype=float))
         if c.size < 2 or c.std() <= 0:
             return np.zeros(1)
         q = np.quantile(c, (np.arange(_N_QUANTILES) + 0.5) / _N_QUANTILES)
@@ -156,9 +170,11 @@ class WaLookahead(Policy):
     ) -> tuple[np.ndarray, np.ndarray, str]:
         """Cost of merging at each feasible cycle k (forecast + deferral) and V_k, the value of waiting until k."""
         n_ahead = max(0, (clock.max_h - clock.steps_since_merge) // clock.min_h)
-        mean, spread, sigma, method = self.candidate_costs(t_s, n_ahead)
+        x = np.fromiter(self._x, dtype=float, count=len(self._x))
+        c = self._window_costs(x)
+        mean, spread, sigma, method = self.candidate_costs(t_s, n_ahead, x, c)
         cost = mean + np.arange(n_ahead + 1) * self._deferral_per_cycle(reports, clock, sigma)
-        z = self._standard_shape()
+        z = self._standard_shape(c)
         value = np.empty(n_ahead + 1)
         value[-1] = cost[-1]  # the forced merge: whatever that cycle costs
         for k in range(n_ahead - 1, -1, -1):
