@@ -330,6 +330,18 @@ def test_fit_and_fidelity_stages_write_their_sets_on_disjoint_seeds(tmp_path, re
     assert result.evidence == evidence
 
 
+def test_fidelity_judges_the_calibration_the_simulator_replays_ran_on(tmp_path, records):
+    write_vllm_layout(tmp_path, [r for r in records if r.seed == 1])
+    io.write_text(tmp_path / "runs/calibration/calibration.json",
+                  TRUTH.model_copy(update={"fitted": True}).model_dump_json())
+    replayed = tmp_path / "runs/replay-sets/simulator/bursty/seed-1/no_sync"
+    io.write_json(replayed / "summary.json", {"calibration": Calibration().model_dump()})
+    io.write_csv(tmp_path / "runs/replay-sets/simulator/bursty/index.csv",
+                 pd.DataFrame({"path": ["runs/replay-sets/simulator/bursty/seed-1/no_sync"]}))
+    evidence = fidelity_stage(stage_params(), tmp_path).evidence
+    assert evidence.calibration == "default" and any("did not run on" in n for n in evidence.notes)
+
+
 def test_without_vllm_the_fit_keeps_the_defaults_and_says_why(tmp_path):
     result = calibrate_fit_stage(stage_params(enabled=False), tmp_path)
     assert result.calibration == Calibration() and not result.calibration.fitted

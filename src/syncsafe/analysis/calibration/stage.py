@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+from pydantic import ValidationError
 
 from syncsafe import io
 from syncsafe.analysis.calibration.fidelity import FIDELITY_COLUMNS, fidelity_evidence, save_cdf_figure
@@ -42,6 +43,7 @@ FIDELITY_DIR = Path("runs") / "fidelity"
 CALIBRATION_FILE = "calibration.json"
 MECHANISM_FILE = "mechanism.json"
 FIDELITY_FILE = "fidelity.json"
+SIMULATOR_SETS = Path("runs") / "replay-sets" / "simulator"
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,11 @@ def fidelity_stage(params: Params, root: Path = Path(".")) -> FidelityResult:
     fit_seeds, held = vllm_seed_split(params)
     calibration = simulator_calibration(params.replay.simulator.calibration, root)
     notes = []
+    used = replayed_calibrations(root)
+    if used and any(c != calibration for c in used):  # judge what the simulator replays actually ran on
+        notes.append("the simulator replays did not run on runs/calibration/calibration.json (the replay stage ran "
+                     "before calibrate-fit); judged: the calibration they ran on")
+        calibration = next((c for c in used if not c.fitted), used[0])
     if not calibration.fitted:
         notes.append("the simulator ran on the shipped defaults (calibration: default): "
                      + _fit_reason(root))
@@ -146,6 +153,23 @@ def fidelity_stage(params: Params, root: Path = Path(".")) -> FidelityResult:
     out = io.replace_directory(root / FIDELITY_DIR, build)
     files = {n: out / n for n in (FIDELITY_FILE, "fidelity.csv", "report.md", "cdf.png")}
     return FidelityResult(evidence, table, files)
+
+
+def replayed_calibrations(root: Path) -> list[Calibration]:
+    """The distinct calibrations the simulator replay sets under `root` ran on (first replay of each set)."""
+    found: list[Calibration] = []
+    for index in sorted((root / SIMULATOR_SETS).glob("*/index.csv")):
+        paths = pd.read_csv(index, usecols=["path"])["path"]
+        summary = root / str(paths.iloc[0]) / "summary.json" if len(paths) else None
+        if summary is not None and summary.is_file():
+            recorded = json.loads(summary.read_text(encoding="utf-8")).get("calibration")
+            try:
+                cal = Calibration.model_validate(recorded)
+            except ValidationError:  # no calibration recorded, or one of an older model: nothing to compare
+                continue
+            if cal not in found:
+                found.append(cal)
+    return found
 
 
 def _fit_reason(root: Path) -> str:
