@@ -25,15 +25,22 @@ def test_without_mechanism_evidence_nothing_passes_the_harness_tier(tmp_path, pa
     _pipeline(root, params_file, cli)
     out = cli("analyze", "--params", str(params_file), "--root", str(root))
     table = pd.read_csv(root / "reports" / "policy_table.csv")
-    controllers = table[~table["policy"].isin(["no_sync", "matched_random", "offline_bound"])]
+    controllers = table[table["policy"] != "no_sync"]
     assert set(controllers["tier"]) == {"stress harness only"}
+    assert set(table["policy"]) == {"no_sync", *raw_params["control"]["policies"]}
+    assert table["gap_closed_mean"].notna().any() and (table.loc[controllers.index, "calibration"] != "n/a").all()
     assert "stress harness only" in out
     report = (root / "reports" / "report.md").read_text()
     assert "## Real replays (vLLM)" in report and "No vLLM replays" in report
     assert "figures/bursty_timeline_bursts_vs_merges.png" in report
     assert (root / "reports" / "figures" / "bursty_timeline_bursts_vs_merges.png").stat().st_size > 10_000
     metrics = json.loads((root / "reports" / "metrics.json").read_text())
-    assert metrics and all(isinstance(v, (int, float)) for v in metrics.values())
+    assert set(metrics) >= {"alpha", "bursty"} and metrics["bursty"]["top_tier_rank"] == 1
+    # every controller got an SLO oracle replay, never worse than the best of its draws
+    index = pd.read_csv(root / "runs" / "replay" / "index.csv")
+    oracle = index[index["policy"] == "slo_oracle"].set_index(["seed", "matched_to"])["slo_violation_rate"]
+    draws = index[index["policy"] == "matched_random"].groupby(["seed", "matched_to"])["slo_violation_rate"].min()
+    assert len(oracle) == len(draws) > 0 and (oracle <= draws.loc[oracle.index] + 1e-12).all()
 
 
 def test_mechanism_evidence_lifts_the_ceiling(tmp_path, params_file, raw_params, cli):
@@ -43,10 +50,11 @@ def test_mechanism_evidence_lifts_the_ceiling(tmp_path, params_file, raw_params,
     _pipeline(root, params_file, cli)
     mechanism = root / "runs" / "calibration" / "mechanism.json"
     mechanism.parent.mkdir(parents=True)
-    mechanism.write_text(json.dumps({"regimes": {"bursty": {"sync_ratio": 1.6, "pressure_ratio": 1.3}}}))
+    mechanism.write_text(json.dumps({"regimes": {"bursty": {
+        "sync_ratio_paired": 1.6, "drift_ratio": 1.0, "gate_ratio": 1.6, "gate_ratio_ci_low": 1.4}}}))
     cli("analyze", "--params", str(params_file), "--root", str(root))
     table = pd.read_csv(root / "reports" / "policy_table.csv").set_index("policy")
-    assert table.loc["fixed_h", "tier"] == "mechanism transfers"
-    # two seeds cannot reach p < 0.05 in a one-sided sign-flip test (smallest p = 1/4)
-    assert "beats matched random" not in set(table["tier"])
-    assert "sync ratio 1.6" in (root / "reports" / "report.md").read_text()
+    # mechanism shown, but no fidelity evidence for the simulator: nothing above mechanism transfers
+    assert set(table.drop(index="no_sync")["tier"]) == {"mechanism transfers"}
+    report = (root / "reports" / "report.md").read_text()
+    assert "paired sync ratio 1.6" in report and "no fidelity evidence" in report

@@ -31,7 +31,11 @@ def test_simulator_replays_every_schedule_with_the_contract(replayed, params):
     index = pd.read_csv(replayed / "runs" / "replay" / "index.csv")
     schedules = pd.read_csv(replayed / "runs" / "schedule-sets" / "bursty" / "index.csv")
     assert list(index.columns[: len(CONTRACT)]) == CONTRACT
-    assert len(index) == len(schedules) and set(index["backend"]) == {"simulator"}
+    controllers = schedules[schedules["source"].isin(["train", "harness"])]
+    # every schedule, plus one SLO oracle per controller schedule
+    assert len(index) == len(schedules) + len(controllers) and set(index["backend"]) == {"simulator"}
+    oracles = index[index["source"] == "slo_oracle"]
+    assert sorted(zip(oracles["seed"], oracles["matched_to"])) == sorted(zip(controllers["seed"], controllers["policy"]))
     assert index["slo_violation_rate"].between(0, 1).all() and (index["n_failed"] == 0).all()
     for rec in index.sample(10, random_state=1).itertuples():
         requests = pd.read_parquet(replayed / rec.path / "requests.parquet")

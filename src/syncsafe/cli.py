@@ -220,54 +220,6 @@ def replay_index(params: ParamsOpt = Path("params.yaml"), root: RootOpt = Path("
     typer.echo(f"runs/replay/index.csv: {len(build_replay_index(root, load_params(params)))} replays")
 
 
-@app.command("calibrate-fit")
-@_fails_cleanly
-def calibrate_fit(params: ParamsOpt = Path("params.yaml"), root: RootOpt = Path(".")) -> None:
-    """Stage calibrate-fit: fit the iteration-level simulator to the server profile and the fit seeds' vLLM replays.
-
-    Writes runs/calibration/ (calibration.json, fit.json, mechanism.json, transfer.csv, report.md); with no
-    possible fit, calibration.json holds the shipped defaults (fitted: false) and fit.json says why.
-    """
-    from syncsafe.analysis.calibration import calibrate_fit_stage
-    from syncsafe.tracking import section_params, stage_run
-
-    p = load_params(params)
-    with stage_run("calibrate-fit", root=root, params_section=section_params(p, ["replay"]), profile=p.profile) as tracker:
-        result = calibrate_fit_stage(p, root)
-        tracker.metrics.update({f"calibration.{k}": float(v)
-                                for k, v in result.calibration.model_dump(exclude={"fitted"}).items()})
-        for path in result.files.values():
-            tracker.log_artifact(path)
-    c = result.calibration
-    state = "fitted" if c.fitted else f"default ({result.fit.get('reason')})"
-    typer.echo(f"calibrate-fit: {state}; merge share {c.merge_compute_share:.3g}, iteration {c.iter_base_ms:.3g} ms "
-               f"+ {c.decode_ms_per_seq:.3g} ms/seq + {c.prefill_ms_per_token:.3g} ms/prompt token")
-    for regime in sorted(result.mechanism.regimes):
-        typer.echo(f"{regime:16s} {result.mechanism.describe(regime)}")
-
-
-@app.command()
-@_fails_cleanly
-def fidelity(params: ParamsOpt = Path("params.yaml"), root: RootOpt = Path(".")) -> None:
-    """Stage fidelity: the simulator's calibration judged on the held-out seeds' real replays (runs/fidelity/)."""
-    from syncsafe.analysis.calibration import fidelity_stage
-    from syncsafe.tracking import section_params, stage_run
-
-    p = load_params(params)
-    with stage_run("fidelity", root=root, params_section=section_params(p, ["replay", "analysis"]),
-                   profile=p.profile) as tracker:
-        result = fidelity_stage(p, root)
-        e = result.evidence
-        for key in ("p95_rel_error_max", "p95_rel_error_mean", "slo_abs_error_pp_max", "slo_abs_error_pp_mean",
-                    "sync_ratio_sim_over_real"):
-            if getattr(e, key) is not None:
-                tracker.metrics[f"fidelity.{key}"] = float(getattr(e, key))
-        for path in result.files.values():
-            tracker.log_artifact(path)
-    typer.echo(f"fidelity ({result.evidence.calibration}): "
-               + ("licensed" if result.evidence.licenses() else "not licensed") + f": {result.evidence.describe()}")
-
-
 @app.command()
 @_fails_cleanly
 def live(
@@ -366,39 +318,45 @@ def analyze(
     mechanism: Annotated[
         Path | None, typer.Option("--mechanism", help="JSON of real-backend (vLLM) sync and pressure ratios per regime")
     ] = None,
-    alpha: Annotated[float, typer.Option("--alpha", min=0.0, max=1.0, help="significance level of the one-sided tests")] = 0.05,
+    fidelity: Annotated[
+        Path | None, typer.Option("--fidelity", help="JSON of the simulator's held-out fidelity (runs/fidelity/fidelity.json)")
+    ] = None,
+    primary: Annotated[
+        str | None, typer.Option("--primary", help="declared primary test as POLICY@REGIME; default: none (one Holm family)")
+    ] = None,
+    alpha: Annotated[
+        float | None, typer.Option("--alpha", min=0.0, max=1.0, help="family-wise alpha; default: params analysis.alpha")
+    ] = None,
     params: ParamsOpt = Path("params.yaml"),
     root: RootOpt = Path("."),
 ) -> None:
-    """Stage analyze: the evidence protocol (sync-excess, envelope, paired tests, claim tiers) and the report.
+    """Stage analyze: the evidence protocol (sync-excess, envelope, rank test, multiplicity, claim tiers) and the report.
 
     With --runs: any per-run table (columns regime, policy, seed, draw,
-    slo_violation_rate; optional matched_to and latency columns) into --out.
-    Without: the pipeline's simulator replays, the calibrate stage's mechanism
-    evidence and the training curves into reports/.
+    slo_violation_rate; optional matched_to, backend, eval_loss and latency
+    columns) into --out, with optional --mechanism, --fidelity and --primary.
+    Without: the pipeline's simulator replays, the calibration's mechanism
+    and fidelity evidence and the training outputs into reports/.
     """
-    from pydantic import ValidationError
+    from syncsafe.analysis import FidelityEvidence, MechanismEvidence, analyze_runs
 
-    from syncsafe.analysis import MechanismEvidence, analyze_runs
-
-    evidence = None
-    if mechanism is not None:
-        try:
-            evidence = MechanismEvidence.read(mechanism)
-        except FileNotFoundError:
-            raise FileNotFoundError(f"{mechanism}: mechanism file not found") from None
-        except ValidationError as err:
-            raise ValueError(f"{mechanism}: not a mechanism-evidence file: {err}") from None
     if runs is not None:
         if out is None:
             raise ConfigError("--out is required with --runs")
-        result = analyze_runs(runs, out, mechanism=evidence, alpha=alpha)
+        result = analyze_runs(
+            runs, out,
+            mechanism=_evidence_file(MechanismEvidence, mechanism, "--mechanism"),
+            fidelity=_evidence_file(FidelityEvidence, fidelity, "--fidelity"),
+            primary=_primary_option(primary),
+            alpha=0.05 if alpha is None else alpha,
+        )
     else:
         from syncsafe.analysis.pipeline import analyze_pipeline
         from syncsafe.tracking.stages import track_analysis
 
-        if mechanism is not None or out is not None:
-            raise ConfigError("--mechanism and --out go with --runs; the pipeline reads runs/calibration and writes reports/")
+        if any(x is not None for x in (mechanism, fidelity, primary, out)):
+            raise ConfigError("--mechanism, --fidelity, --primary and --out go with --runs; the pipeline reads "
+                              "runs/calibration, runs/fidelity and params, and writes reports/")
         p = load_params(params)
         result = analyze_pipeline(p, root, alpha=alpha)
         track_analysis(p, result.policy_table, list(result.files.values()), root)
@@ -406,6 +364,29 @@ def analyze(
     for rec in result.policy_table.itertuples(index=False):
         typer.echo(f"{rec.regime:16s} {rec.policy:18s} {rec.tier}")
     typer.echo(f"wrote {', '.join(sorted(p.name for p in result.files.values()))} to {out}")
+
+
+def _evidence_file(model: type, path: Path | None, option: str):  # noqa: ANN202 - returns an instance of `model`
+    """Read an evidence JSON for `option`, or None; bad files are bad input naming the option."""
+    from pydantic import ValidationError
+
+    if path is None:
+        return None
+    try:
+        return model.read(path)
+    except FileNotFoundError:
+        raise ConfigError(f"{option} {path}: file not found") from None
+    except ValidationError as err:
+        raise ConfigError(f"{option} {path}: not a {model.__name__} file: {err}") from None
+
+
+def _primary_option(text: str | None) -> tuple[str, str] | None:
+    if text is None:
+        return None
+    policy, at, regime = text.partition("@")
+    if not (policy and at and regime):
+        raise ConfigError(f"--primary {text!r}: expected POLICY@REGIME, e.g. wa_diloco@bursty")
+    return policy, regime
 
 
 @app.command()

@@ -349,6 +349,8 @@ class SimulatorReplay(_Strict):
     #: Calibration JSON (relative to the project root); null = the calibrate-fit stage's
     #: runs/calibration/calibration.json when present, else the shipped defaults (`fitted: false` either way).
     calibration: str | None = None
+    #: Simulated replays the SLO oracle's local search may spend per controller schedule.
+    oracle_evals: Annotated[int, Field(ge=2)] = 40
 
 
 class VllmReplay(_Strict):

@@ -25,7 +25,6 @@ import pandas as pd
 from syncsafe.analysis.analyze import AnalysisResult, analyze_runs
 from syncsafe.analysis.figures import write_png
 from syncsafe.analysis.live import live_section
-from syncsafe.analysis.live import live_section
 from syncsafe.analysis.pipeline_figures import LOSS_FIGURE, TIMELINE_FIGURE, loss_curves_figure, timeline_figure
 from syncsafe.analysis.report import markdown_table
 from syncsafe.analysis.evidence import FidelityEvidence, MechanismEvidence
@@ -134,7 +133,6 @@ def analyze_pipeline(params: Params, root: Path = Path("."), alpha: float | None
     if len(losses):
         figures[f"figures/{LOSS_FIGURE}"] = loss_curves_figure(losses, merges)
     sections = [_real_replay_section(root), _calibration_section(root, mechanism)]
-    sections.append(live_section(root, params.analysis.alpha if alpha is None else alpha))  # runs/live/, if any
     sections.append(live_section(root, params.analysis.alpha if alpha is None else alpha))  # runs/live/, if any
     sections += [f"## Bursts and merge windows: {Path(name).name.split('_' + TIMELINE_FIGURE)[0]}\n\n![timeline]({name})"
                  for name in figures if name.endswith(TIMELINE_FIGURE)]

@@ -87,8 +87,8 @@ class ActionSpace:
             prev_end = s + self.window_s
         return out
 
-    def _total_range(self, n: int) -> range:
-        """Feasible sums K = k_1 + ... + k_n of n gaps (empty when n merges cannot happen)."""
+    def feasible_totals(self, n: int) -> range:
+        """Feasible cycle totals K = k_1 + ... + k_n of n merges (empty when n merges cannot happen)."""
         c, w, d, r = self.cycle_s, self.window_s, self.duration_s, self.max_cycles
         # last fits: K*c + n*w <= d; no forced merge after: (K + r)*c + (n + 1)*w > d
         hi = math.floor((d - n * w) / c + EPS) if n > 0 else 0
@@ -103,7 +103,7 @@ class ActionSpace:
         gaps = self.gaps(list(starts))
         if gaps is None or any(k > self.max_cycles for k in gaps):
             return False
-        return sum(gaps) in self._total_range(len(gaps))
+        return sum(gaps) in self.feasible_totals(len(gaps))
 
     def merge_counts(self) -> range:
         """Every merge count some controller schedule has."""
@@ -144,8 +144,8 @@ class ActionSpace:
         if n < 0:
             return 0
         if n == 0:
-            return len(self._total_range(0))
-        return sum(self._ways(n, total) for total in self._total_range(n))
+            return len(self.feasible_totals(0))
+        return sum(self._ways(n, total) for total in self.feasible_totals(n))
 
     # ------------------------------------------------------------------ sampling
 
@@ -159,7 +159,7 @@ class ActionSpace:
             )
         if n == 0:
             return []
-        totals = list(self._total_range(n))
+        totals = list(self.feasible_totals(n))
         total = _pick(rng, totals, [self._ways(n, t) for t in totals])
         gaps = []
         for i in range(n, 0, -1):
@@ -175,7 +175,7 @@ class ActionSpace:
 
     def enumerate(self, n: int) -> Iterator[list[int]]:
         """Every feasible gap sequence with n merges (small spaces only: tests, exhaustive search)."""
-        allowed = set(self._total_range(n))
+        allowed = set(self.feasible_totals(n))
         top = max(allowed, default=-1)
 
         def extend(prefix: list[int], total: int) -> Iterator[list[int]]:
@@ -200,7 +200,7 @@ class ActionSpace:
         The gaps spread the middle feasible total as evenly as the grid allows
         (they differ by at most one cycle, the longer ones first).
         """
-        totals = self._total_range(n)
+        totals = self.feasible_totals(n)
         if self.count(n) == 0:
             raise ActionSpaceError(f"no controller schedule has {n} merges")
         if n == 0:

@@ -2,7 +2,10 @@
 
 Backends:
 - `simulator`: every schedule of the schedule index (controllers, matched-
-  random draws, no_sync, offline bounds) through the discrete-event model.
+  random draws, even cadences, no_sync, offline bounds) through the
+  discrete-event model, then per controller schedule its SLO oracle
+  (`syncsafe.serving.oracle`; schedule, requests and summary in
+  `seed-<S>/slo_oracle/<controller>/`).
 - `vllm`: a subset (`replay.vllm`: regimes, seeds, controllers, draws) against
   one real vLLM server for the whole stage run, open loop, with the merge
   workload running beside it during each merge window and the server's
@@ -29,10 +32,12 @@ from tqdm import tqdm
 
 from syncsafe import io
 from syncsafe.config import Params
-from syncsafe.schedules.schedule import Schedule, read_schedule
+from syncsafe.schedules.action_space import ActionSpace
+from syncsafe.schedules.schedule import Schedule, read_schedule, write_schedule
 from syncsafe.schedules.stage import SCHEDULE_SETS_DIR, in_params, read_index
 from syncsafe.serving.calibration import simulator_calibration
-from syncsafe.serving.metrics import REQUEST_RESULT_COLUMNS, SloSpec, derive_slo, summarize
+from syncsafe.serving.metrics import REQUEST_RESULT_COLUMNS, SloSpec, derive_slo, summarize, violation_mask
+from syncsafe.serving.oracle import slo_oracle
 from syncsafe.serving.simulator import PressureLookup, simulate_replay
 from syncsafe.traces.stage import load_timeline, trace_dir
 
@@ -40,6 +45,8 @@ REPLAY_SETS_DIR = Path("runs") / "replay-sets"
 REPLAY_INDEX = Path("runs") / "replay" / "index.csv"
 INDEX_COLUMNS = ("regime", "policy", "seed", "draw", "backend", "slo_violation_rate", "p95_ms", "p99_ms",
                  "n_requests", "n_failed", "path")
+#: Schedule sources a controller produced (each gets an SLO oracle in the simulator replay).
+CONTROLLER_SOURCES = ("train", "harness")
 EXTRA_COLUMNS = ("matched_to", "source", "n_merges", "schedule", "ttft_p95_ms", "sync_ratio", "pressure_ratio",
                  "requests_during_merges", "tokens_per_s", "goodput_rps", "valid")
 
@@ -107,23 +114,44 @@ def write_set_index(path: Path, rows: list[dict]) -> pd.DataFrame:
 
 
 def replay_simulator(params: Params, regime: str, root: Path = Path(".")) -> pd.DataFrame:
-    """Every schedule of `regime` through the simulator; returns the set's index."""
+    """Every schedule of `regime` through the simulator, plus each controller's SLO oracle; returns the set's index."""
     index = read_index(Path(root) / SCHEDULE_SETS_DIR / regime / "index.csv")
     calibration = simulator_calibration(params.replay.simulator.calibration, root)
+    space = ActionSpace.of_params(params, regime)
+    extra = {"backend": "simulator", "calibration": calibration.model_dump()}
     rows: list[dict] = []
-    with tqdm(total=len(index), desc=f"replay simulator {regime}", unit="replay", leave=False) as bar:
+    n_controllers = int(index["source"].isin(CONTROLLER_SOURCES).sum())
+    with tqdm(total=len(index) + n_controllers, desc=f"replay simulator {regime}", unit="replay", leave=False) as bar:
         for seed, schedules in seed_schedules(root, index):
             requests = pd.read_parquet(trace_dir(root, regime, seed) / "requests.parquet")
             timeline = load_timeline(root, regime, seed)
             slo = None
+            controllers: list[Schedule] = []
+            draws: dict[str, list[tuple[Schedule, int]]] = {}
             for row in schedules:
                 schedule = read_schedule(Path(root) / row["path"])
                 results = simulate_replay(requests, timeline, schedule, calibration, seed)
                 slo = slo or resolve_slo(params, results)
                 out = replay_path(root, "simulator", row["path"])
-                summary = write_replay(out, results, slo, params, {"backend": "simulator",
-                                                                      "calibration": calibration.model_dump()})
+                summary = write_replay(out, results, slo, params, extra)
                 rows.append(index_row(row, "simulator", schedule, summary, out, Path(root)))
+                if row["source"] in CONTROLLER_SOURCES:
+                    controllers.append(schedule)
+                elif row["source"] == "matched_random":
+                    draws.setdefault(row["matched_to"], []).append((schedule, int(violation_mask(results, slo).sum())))
+                bar.update()
+            for controller in controllers:
+                found = slo_oracle(controller, space, requests, timeline, calibration, seed, slo,
+                                   draws.get(controller.policy, []), max_evals=params.replay.simulator.oracle_evals)
+                out = set_dir(root, "simulator", regime) / f"seed-{seed}" / "slo_oracle" / controller.policy
+                schedule_path = write_schedule(out / "schedule.json", found.schedule)
+                results = simulate_replay(requests, timeline, found.schedule, calibration, seed)
+                summary = write_replay(out, results, slo, params, {**extra, "oracle_evaluations": found.evaluations,
+                                                                   "oracle_start": found.start})
+                row = pd.Series({"regime": regime, "policy": "slo_oracle", "seed": seed, "draw": pd.NA,
+                                 "matched_to": controller.policy, "source": "slo_oracle",
+                                 "path": schedule_path.relative_to(root).as_posix()})
+                rows.append(index_row(row, "simulator", found.schedule, summary, out, Path(root)))
                 bar.update()
     return write_set_index(set_dir(root, "simulator", regime) / "index.csv", rows)
 
