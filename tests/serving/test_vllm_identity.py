@@ -39,10 +39,13 @@ def _serve_models(ids: list[str]) -> tuple[str, Callable[[], None]]:
     async def models(_: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": i, "object": "model"} for i in ids]})
 
+    async def health(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
     async def start() -> None:
         app = web.Application()
         app.router.add_get("/v1/models", models)
-        app.router.add_get("/health", lambda _: web.Response(text="ok"))
+        app.router.add_get("/health", health)
         state["runner"] = runner = web.AppRunner(app)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", 0).start()
