@@ -49,7 +49,7 @@ bench: setup
 	python benchmarks/bench_controller.py
 
 clean:
-	rm -rf data runs reports models
+	rm -rf data runs reports models logs
 
 # Airflow 3 in its own environment: its pins clash with the pipeline's (it would
 # downgrade fastapi under MLflow, among others). The DAGs in dags/ only orchestrate:
