@@ -17,8 +17,11 @@ the islands wait. Wall-clock start, real merge end and window end are
 logged per merge.
 
 Followers die with the sidecar (`PR_SET_PDEATHSIG`); a follower that dies
-mid-run makes rank 0's next collective fail, and the run fails naming it
-(`IslandLost`).
+mid-run makes rank 0's next collective fail (at the latest after
+`train.collective_timeout_s`), and the live command fails naming it
+(`IslandLost`, exit 3) whatever `train.on_island_failure` says: training's
+`continue` resumes from the last merge checkpoint on the survivors, which a
+live run cannot do, its arrivals having passed on the wall clock.
 """
 
 from __future__ import annotations
