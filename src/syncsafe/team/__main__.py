@@ -1,0 +1,121 @@
+"""``python -m syncsafe.team up|down|status|trigger`` (``scripts/team.sh``): the team setup on one machine.
+
+Exit codes: 0 done; 1 a part failed to start or stop (one line, then the
+failing part's log tail), or ``down`` left a process or port behind; 2 bad
+input (a ``--conf`` that is not a JSON object).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from syncsafe.errors import EXIT_BAD_INPUT, EXIT_FAILED
+from syncsafe.team import stack
+from syncsafe.team.daemons import TeamError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+DirOpt = Annotated[Optional[Path], typer.Option("--dir", help="state folder (default $SYNCSAFE_TEAM_DIR, else .team/)")]
+
+
+def _fail(err: Exception) -> None:
+    typer.echo(f"error: {err}", err=True)
+    raise typer.Exit(EXIT_FAILED)
+
+
+@app.command()
+def up(
+    dir: DirOpt = None,
+    scheduled: Annotated[bool, typer.Option(help="let the scheduler start cron runs (syncsafe_nightly @daily)")] = False,
+    free_ports: Annotated[bool, typer.Option(help="any free ports, not 8080/5000/5432/6379")] = False,
+    env: Annotated[list[str], typer.Option("--env", help="KEY=VALUE for every Airflow process (repeatable)")] = [],
+) -> None:
+    """Start PostgreSQL, Redis, the MLflow server and Airflow (CeleryExecutor, two workers) on 127.0.0.1."""
+    extra = dict(item.split("=", 1) for item in env if "=" in item)
+    layout = stack.Layout.at(dir)
+    try:
+        state = stack.up(layout, scheduled=scheduled, preferred_ports=not free_ports, extra_env=extra)
+    except TeamError as err:
+        _fail(err)
+    _print_status(layout)
+    typer.echo(f"Airflow user admin, password {state['secrets']['admin']}")
+
+
+@app.command()
+def down(dir: DirOpt = None) -> None:
+    """Stop everything `up` started; fails if a process or port is left."""
+    left = stack.down(stack.Layout.at(dir))
+    if left:
+        _fail(TeamError("left behind: " + "; ".join(left)))
+    typer.echo("team setup stopped: no process or port left")
+
+
+@app.command()
+def status(
+    dir: DirOpt = None,
+    env: Annotated[bool, typer.Option("--env", help="print the Airflow settings as shell exports")] = False,
+) -> None:
+    """Each part (running or not, log), the URLs; exit 1 unless everything runs."""
+    layout = stack.Layout.at(dir)
+    if env:
+        state = stack.load(layout)
+        if not state:
+            _fail(TeamError(f"no team setup in {layout.root}"))
+        for key, value in stack.env(layout, state).items():
+            typer.echo(f"export {key}={json.dumps(value)}")
+        return
+    if not _print_status(layout):
+        raise typer.Exit(EXIT_FAILED)
+
+
+def _print_status(layout: stack.Layout) -> bool:
+    info = stack.status(layout)
+    typer.echo(f"team setup in {info['root']}: {'up' if info['up'] else 'not up'}")
+    for name, part in info["parts"].items():
+        typer.echo(f"  {name:24s} {'running' if part['running'] else 'stopped':8s} {part['log']}")
+    for name, url in info.get("urls", {}).items():
+        typer.echo(f"  {name:24s} {url}")
+    return bool(info["up"])
+
+
+@app.command()
+def trigger(
+    dag_id: Annotated[str, typer.Argument(help="e.g. syncsafe_nightly")],
+    conf: Annotated[str, typer.Option(help="the run's params, a JSON object")] = "{}",
+    wait: Annotated[bool, typer.Option(help="wait for the run to finish; exit 1 unless it succeeded")] = False,
+    timeout_s: Annotated[float, typer.Option(help="how long to wait")] = 3600,
+    dir: DirOpt = None,
+) -> None:
+    """Unpause a DAG and start a run of it through the REST API."""
+    try:
+        params = json.loads(conf)
+    except json.JSONDecodeError as err:
+        params = err
+    if not isinstance(params, dict):
+        typer.echo(f"error: --conf: expected a JSON object, got {conf!r}", err=True)
+        raise typer.Exit(EXIT_BAD_INPUT)
+    try:
+        client = stack.client(stack.Layout.at(dir))
+        client.wait_for_dag(dag_id)
+        client.unpause(dag_id)
+        run_id = client.trigger(dag_id, params)
+        typer.echo(f"{dag_id}: run {run_id}")
+        if wait:
+            state = client.wait_run(dag_id, run_id, timeout_s)
+            typer.echo(f"{dag_id}: run {run_id} {state}")
+            if state != "success":
+                raise typer.Exit(EXIT_FAILED)
+    except TeamError as err:
+        _fail(err)
+
+
+def main() -> None:  # pragma: no cover - entry point
+    app(prog_name="scripts/team.sh")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
