@@ -296,6 +296,7 @@ def write_run(params: Params, regime: str, seed: int, run: LiveRun, slo, timelin
     facts = {"condition": run.condition, "order": run.order, "start_epoch": run.start_epoch,
              "degraded": run.degraded, "degraded_cycles": run.degraded_cycles, "scrape_failures": run.scrape_failures,
              "max_lag_s": run.max_lag_s,
+             "decide_us_p99": float(np.percentile(run.result.decide_us, 99)) if run.result and run.result.decide_us else None,
              "feasible": feasible, "n_merges": schedule.n_merges, "time_scale": live.time_scale}
     io.write_json(out / "run.json", facts)
     summary = write_replay(out, results, slo, params, {"backend": "vllm-live", **facts})
