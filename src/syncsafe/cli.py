@@ -233,6 +233,7 @@ def live(
     """The controller as a sidecar beside a real vLLM server on the wall clock, gating real DiLoCo merges."""
     from syncsafe.config import CONTROLLER_POLICIES
     from syncsafe.serving.live import build_live_index, run_live
+    from syncsafe.tracking import section_params, stage_run
 
     p = load_params(params)
     if stage and not p.live.enabled:
@@ -246,8 +247,15 @@ def live(
         if value not in p.seeds:
             raise ConfigError(f"--seed {value}: not in seeds ({p.seeds})")
     regimes = _regimes(p, regime) if regime else p.live.regimes
+    section = section_params(p, ["live", "replay.vllm", "replay.slo", "control", "merge", "train"])
     for r in regimes:
-        index = run_live(p, params, r, name, seeds, root)
+        with stage_run("live", root=root, params_section=section, profile=p.profile, regime=r,
+                       system_metrics=True) as tracker:
+            index = run_live(p, params, r, name, seeds, root)
+            for row in index[(index["regime"] == r) & index["seed"].isin(seeds)].itertuples():
+                tracker.metrics[f"{row.condition}.seed-{row.seed}.slo_violation_rate"] = float(row.slo_violation_rate)
+                tracker.metrics[f"{row.condition}.seed-{row.seed}.n_merges"] = int(row.n_merges)
+            tracker.log_artifact(Path(root) / "runs" / "live" / "index.csv")
     typer.echo(f"live {', '.join(regimes)}: {len(index)} runs in runs/live/index.csv")
 
 
