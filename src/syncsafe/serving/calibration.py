@@ -16,7 +16,9 @@ Everything else slows the *machine*, not the request: the server runs at speed
 
     speed(t) = (1 - merge_share(t)) / ((1 + pressure_slowdown * inference_pressure(t)) * jitter(t))
 
-where `merge_share(t)` is the share of the server's compute a merge takes
+plus, outside the engine and taking no iteration, `request_overhead_ms` on TTFT
+and E2E and `token_overhead_ms` per output token on E2E (the API server's HTTP
+and streaming work). `merge_share(t)` is the share of the server's compute a merge takes
 while its window is open (`merge_compute_share`, tilted across the window by
 `merge_share_skew`: `share * (1 + skew)` in the first half, `share * (1 - skew)`
 in the second), and `jitter` a log-normal (sigma `residual_sigma`) drawn once per
@@ -64,6 +66,11 @@ class Calibration(BaseModel):
     max_batch: Annotated[int, Field(ge=1)] = 8
     #: Prompt tokens one iteration admits (vLLM's token budget); at least one request joins per iteration.
     max_prefill_tokens: Annotated[int, Field(ge=1)] = 2048
+    #: Latency outside the engine (HTTP, tokenization, the API server's scheduling), added to TTFT and E2E;
+    #: it takes no engine iteration.
+    request_overhead_ms: Annotated[float, Field(ge=0)] = 0.0
+    #: Streaming cost per output token outside the engine (detokenizing, server-sent events), added to E2E.
+    token_overhead_ms: Annotated[float, Field(ge=0)] = 0.0
     #: Share of the server's compute a merge takes while its window is open.
     merge_compute_share: Annotated[float, Field(ge=0, le=MAX_MERGE_SHARE)] = 1.0 - 1.0 / 1.8
     #: Tilt of the share across the window: share*(1+skew) in the first half, share*(1-skew) in the second.

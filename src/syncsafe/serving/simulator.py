@@ -27,7 +27,9 @@ Model (parameters and cost formula in `syncsafe.serving.calibration`):
   its last one. Between admissions and completions the batch composition is
   constant, so the loop jumps over runs of identical decode iterations in
   closed form (a heap of completion steps; a few Python steps per request).
-- TTFT = first token - arrival, E2E = done - arrival, in ms. Nothing fails:
+- TTFT = first token - arrival + `request_overhead_ms`, E2E = done - arrival
+  + `request_overhead_ms` + `token_overhead_ms` * output tokens, in ms (the
+  API server's work outside the engine). Nothing fails:
   `error` is empty and `output_tokens_received = output_tokens`.
 
 `merge_active` rule: the request's life [arrival_s, arrival_s + E2E)
@@ -174,8 +176,8 @@ def simulate_replay(
     first_token, done = np.empty(arrival.size), np.empty(arrival.size)
     first_token[order] = np.maximum(clock.to_wall(first_w), arrival[order])
     done[order] = np.maximum(clock.to_wall(done_w), first_token[order])
-    ttft_ms = (first_token - arrival) * 1000.0
-    e2e_ms = (done - arrival) * 1000.0
+    ttft_ms = (first_token - arrival) * 1000.0 + calibration.request_overhead_ms
+    e2e_ms = (done - arrival) * 1000.0 + calibration.request_overhead_ms + calibration.token_overhead_ms * output
     return pd.DataFrame(
         {
             "request_id": np.arange(arrival.size, dtype=np.int64),
@@ -186,7 +188,7 @@ def simulate_replay(
             "ttft_ms": ttft_ms,
             "e2e_ms": e2e_ms,
             "output_tokens_received": output,
-            "merge_active": overlaps_merge_window(schedule, arrival, done),
+            "merge_active": overlaps_merge_window(schedule, arrival, arrival + e2e_ms / 1000.0),
             "inference_pressure": pressure.at(arrival),
             "error": np.full(arrival.size, "", dtype=object),
         },

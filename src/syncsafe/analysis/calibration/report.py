@@ -11,7 +11,8 @@ from syncsafe.analysis.evidence import FidelityEvidence, MechanismEvidence
 from syncsafe.analysis.report import markdown_table
 from syncsafe.serving.calibration import Calibration
 
-PARAMETERS = ("iter_base_ms", "prefill_ms_per_token", "decode_ms_per_seq", "max_batch", "merge_compute_share",
+PARAMETERS = ("iter_base_ms", "prefill_ms_per_token", "decode_ms_per_seq", "request_overhead_ms", "token_overhead_ms",
+              "max_batch", "merge_compute_share",
               "merge_share_skew", "pressure_slowdown", "residual_sigma", "capacity_rps")
 
 
