@@ -311,7 +311,7 @@ def test_repro_dag_runs_dvc_repro_and_reports_the_metrics_diff(airflow_home: Pat
     assert "dvc metrics diff" in done.stdout + done.stderr
     with sqlite3.connect(airflow_home / "airflow.db") as db:
         (value,) = db.execute("select value from xcom where dag_id = 'syncsafe_repro' and task_id = 'metrics_diff' "
-                              "order by dag_run_id desc limit 1").fetchone()
+                              "and key = 'return_value' order by dag_run_id desc limit 1").fetchone()
     body = json.loads(value) if isinstance(value, (str, bytes)) else value
     body = json.loads(body) if isinstance(body, str) and body.startswith('"') else body
     assert body.startswith("## dvc metrics diff\n\n") and "\n\n## dvc params diff\n\n" in body
