@@ -100,3 +100,18 @@ def test_decisions_before_t_ignore_any_change_to_the_trace_after_t(params):
 def test_lookahead_is_a_configured_controller(params):
     assert "wa_lookahead" in params.control.policies
     assert params.control.lookahead.history_s > 0
+
+
+def test_without_a_period_a_spike_reverts_to_the_mean():
+    # 600 s of irregular quiet load, then a spike in the last 10 s: no period, the spike is expected to pass.
+    rng = np.random.default_rng(5)
+    quiet = dict(zip(np.arange(0.0, 600.0, GRID), 1.5 + rng.uniform(0, 1, 1200)))
+    policy = lookahead()
+    feed(policy, lambda t: 7.0 if t > 590 else quiet[t], 600.0)
+    cost, value, method = policy.plan(reports(), 600.0, clock(600.0))
+    assert method == "mean reversion"
+    assert cost[0] > max(cost[1:]) and value[1] < cost[0]
+    assert not policy.decide(reports(), sample(600.0, 7.0), clock(600.0)).merge
+    calm = lookahead()
+    feed(calm, lambda t: quiet[t] if t < 590 else 1.5, 600.0)  # at the bottom of its range: merge now
+    assert calm.decide(reports(), sample(600.0, 1.5), clock(600.0)).merge
