@@ -259,7 +259,9 @@ def test_nightly_dag_runs_the_cpu_profile_with_tiny_params(airflow_home: Path, t
     assert {"train", "matched_random", "no_sync", "offline_bound"} <= set(schedules["source"])
     assert len(schedules[schedules["source"] == "matched_random"]) == 2 * 2  # 2 controllers x 2 draws x 1 seed
     replays = pd.read_csv(run_dir / "runs" / "replay" / "index.csv")
-    assert set(replays["backend"]) == {"simulator"} and len(replays) == len(schedules)
+    assert set(replays["backend"]) == {"simulator"}
+    replayed = replays.loc[replays["source"] != "slo_oracle", "schedule"]  # every schedule replayed once
+    assert sorted(replayed) == sorted(schedules["path"])
     table = pd.read_csv(run_dir / "reports" / "policy_table.csv")
     assert set(table["regime"]) == {"bursty"} and {"fixed_h", "wa_diloco", "no_sync"} <= set(table["policy"])
     # no real replay, so no mechanism evidence: no controller can be licensed beyond the stress harness
