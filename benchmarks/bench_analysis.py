@@ -25,7 +25,7 @@ from syncsafe.config import load_params
 from syncsafe.schedules.action_space import ActionSpace
 from syncsafe.schedules.derive import matched_random
 from syncsafe.schedules.stage import run_harness
-from syncsafe.serving.calibration import Calibration
+from syncsafe.control.serving_model import Calibration
 from syncsafe.serving.metrics import derive_slo, violation_mask
 from syncsafe.serving.oracle import slo_oracle
 from syncsafe.serving.simulator import simulate_replay

@@ -29,7 +29,7 @@ from syncsafe.config import load_params
 from syncsafe.control.live_signals import LiveSignals, SignalSettings, http_fetch
 from syncsafe.control.policies import build_policy
 from syncsafe.control.types import ClockState, LearnerReport
-from syncsafe.serving.calibration import load_calibration
+from syncsafe.control.serving_model import load_calibration
 
 REPO = Path(__file__).resolve().parents[1]
 TEXT = (REPO / "tests" / "fixtures" / "vllm_metrics_busy.txt").read_text().encode()

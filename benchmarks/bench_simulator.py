@@ -21,7 +21,7 @@ import numpy as np
 from syncsafe.config import Params, load_params
 from syncsafe.schedules.derive import matched_random_free, no_sync
 from syncsafe.schedules.schedule import Schedule
-from syncsafe.serving.calibration import Calibration
+from syncsafe.control.serving_model import Calibration
 from syncsafe.serving.simulator import simulate_replay
 from syncsafe.traces.requests import generate_requests
 from syncsafe.traces.timeline import generate_timeline, regime_rng

@@ -13,7 +13,7 @@ from syncsafe.control.lookahead import WaLookahead
 from syncsafe.control.policies import build_policy
 from syncsafe.control.signals import TimelineSignals
 from syncsafe.control.types import ClockState, FleetSignals, LearnerReport
-from syncsafe.serving.calibration import Calibration
+from syncsafe.control.serving_model import Calibration
 from syncsafe.traces.timeline import generate_timeline
 
 GRID = 0.5

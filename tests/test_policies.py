@@ -8,7 +8,7 @@ from syncsafe.config import CONTROLLER_POLICIES, ControlConfig, MergeConfig, Sco
 from syncsafe.control.forecasters import EwmaForecaster
 from syncsafe.control.policies import FixedH, PressureGate, RandomDeferral, WaCalibrated, WaDiloco, WaForecast, build_policy
 from syncsafe.control.types import ClockState, FleetSignals, LearnerReport
-from syncsafe.serving.calibration import Calibration
+from syncsafe.control.serving_model import Calibration
 
 
 def clock(since: int, min_h: int = 20, max_h: int = 80, t: float = 100.0) -> ClockState:

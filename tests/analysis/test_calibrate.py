@@ -27,7 +27,7 @@ from syncsafe.analysis.calibration.stage import calibrate_fit_stage, fidelity_st
 from syncsafe.analysis.evidence import FidelityEvidence, MechanismEvidence
 from syncsafe.config import FidelityTargets, Params
 from syncsafe.schedules.schedule import Schedule, write_schedule
-from syncsafe.serving.calibration import Calibration, load_calibration
+from syncsafe.control.serving_model import Calibration, load_calibration
 from syncsafe.serving.metrics import derive_slo, summarize
 from syncsafe.serving.profile import ProbeRow, ServerProfile, max_num_seqs
 from syncsafe.serving.simulator import simulate_replay

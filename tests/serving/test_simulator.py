@@ -9,7 +9,7 @@ import pytest
 from syncsafe.config import Params
 from syncsafe.control.types import FleetSignals
 from syncsafe.schedules.schedule import Schedule
-from syncsafe.serving.calibration import Calibration, load_calibration
+from syncsafe.control.serving_model import Calibration, load_calibration
 from syncsafe.serving.metrics import REQUEST_RESULT_COLUMNS, SloSpec, summarize
 from syncsafe.serving.simulator import WorkClock, overlaps_merge_window, simulate_replay
 from syncsafe.traces.requests import generate_requests

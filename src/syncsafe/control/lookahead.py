@@ -41,7 +41,7 @@ from syncsafe.config import LookaheadConfig, ScoreWeights
 from syncsafe.control.forecasters import EwmaForecaster, SeasonalForecaster
 from syncsafe.control.policies import Policy
 from syncsafe.control.types import ClockState, Decision, FleetSignals, LearnerReport
-from syncsafe.serving.calibration import Calibration
+from syncsafe.control.serving_model import Calibration
 
 #: Standardised quantile points the expectations are taken over.
 _N_QUANTILES = 33

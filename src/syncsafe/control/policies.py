@@ -43,7 +43,7 @@ import numpy as np
 from syncsafe.config import ControlConfig, MergeConfig, ScoreWeights
 from syncsafe.control.forecasters import EwmaForecaster, SeasonalForecaster
 from syncsafe.control.types import ClockState, Decision, FleetSignals, LearnerReport
-from syncsafe.serving.calibration import Calibration
+from syncsafe.control.serving_model import Calibration
 
 
 class Policy(ABC):

@@ -49,7 +49,7 @@ from syncsafe.diloco.islands import DistributedLearners, Fault, Island, follow
 from syncsafe.diloco.outer import MergeStats, OuterOptimizer, assign_parameters
 from syncsafe.schedules.schedule import Schedule, write_schedule
 from syncsafe.schedules.stage import control_plan
-from syncsafe.serving.calibration import load_calibration
+from syncsafe.control.serving_model import load_calibration
 from syncsafe.traces.stage import load_timeline
 
 TRAIN_DIR = Path("runs") / "train"

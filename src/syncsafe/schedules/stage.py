@@ -28,7 +28,7 @@ from syncsafe.control.signals import TimelineSignals
 from syncsafe.schedules.action_space import ActionSpace
 from syncsafe.schedules.derive import even_cadence, matched_random, matched_random_free, no_sync, offline_bound
 from syncsafe.schedules.schedule import INDEX_COLUMNS, LoadIntegral, Schedule, ScheduleError, read_schedule, write_schedule
-from syncsafe.serving.calibration import load_calibration
+from syncsafe.control.serving_model import load_calibration
 from syncsafe.traces.stage import load_timeline
 
 #: Per-regime schedule sets (one DVC output each) and the joined index (contract path).

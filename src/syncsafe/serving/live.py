@@ -62,7 +62,7 @@ from syncsafe.diloco.resources import cpu_resources
 from syncsafe.procs import die_with_parent
 from syncsafe.schedules.action_space import ActionSpace
 from syncsafe.schedules.schedule import Schedule, write_schedule
-from syncsafe.serving.calibration import load_calibration
+from syncsafe.control.serving_model import load_calibration
 from syncsafe.serving.interference import MergeInterference
 from syncsafe.serving.live_islands import IslandGroup, LiveLearners, cpu_world
 from syncsafe.serving.loadgen import replay_requests

@@ -36,7 +36,7 @@ import pandas as pd
 
 from syncsafe.schedules.action_space import ActionSpace
 from syncsafe.schedules.schedule import Schedule
-from syncsafe.serving.calibration import Calibration
+from syncsafe.control.serving_model import Calibration
 from syncsafe.serving.metrics import SloSpec, violation_mask
 from syncsafe.serving.simulator import simulate_replay
 

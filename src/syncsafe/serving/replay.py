@@ -35,7 +35,7 @@ from syncsafe.config import Params
 from syncsafe.schedules.action_space import ActionSpace
 from syncsafe.schedules.schedule import Schedule, read_schedule, write_schedule
 from syncsafe.schedules.stage import SCHEDULE_SETS_DIR, in_params, read_index
-from syncsafe.serving.calibration import simulator_calibration
+from syncsafe.control.serving_model import simulator_calibration
 from syncsafe.serving.metrics import REQUEST_RESULT_COLUMNS, SloSpec, derive_slo, summarize, violation_mask
 from syncsafe.serving.oracle import slo_oracle
 from syncsafe.serving.simulator import PressureLookup, simulate_replay

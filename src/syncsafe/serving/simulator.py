@@ -6,7 +6,7 @@ advances in engine iterations, while a `Schedule`'s merge windows take a
 share of its compute, and returns the per-request table of
 `syncsafe.serving.metrics`.
 
-Model (parameters and cost formula in `syncsafe.serving.calibration`):
+Model (parameters and cost formula in `syncsafe.control.serving_model`):
 
 - **Work time.** The machine runs at `speed(t)` (merge share, fleet
   pressure, seeded jitter; piecewise constant between the timeline's steps,
@@ -49,7 +49,7 @@ import numpy as np
 import pandas as pd
 
 from syncsafe.schedules.schedule import Schedule
-from syncsafe.serving.calibration import Calibration
+from syncsafe.control.serving_model import Calibration
 from syncsafe.serving.metrics import REQUEST_RESULT_COLUMNS, require_columns
 from syncsafe.traces.requests import REQUEST_COLUMNS
 from syncsafe.traces.timeline import regime_rng

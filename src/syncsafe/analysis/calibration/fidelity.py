@@ -28,7 +28,7 @@ from syncsafe.analysis.evidence import FidelityEvidence, SignAgreement
 from syncsafe.analysis.figures import write_png
 from syncsafe.config import FidelityTargets
 from syncsafe.io import atomic_path
-from syncsafe.serving.calibration import Calibration
+from syncsafe.control.serving_model import Calibration
 from syncsafe.serving.metrics import SloSpec, derive_slo, p95_ratio, violation_mask
 from syncsafe.serving.simulator import overlaps_merge_window
 

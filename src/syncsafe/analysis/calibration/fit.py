@@ -43,7 +43,7 @@ from syncsafe.analysis.calibration.records import (
     p95,
     simulate_record,
 )
-from syncsafe.serving.calibration import MAX_MERGE_SHARE, Calibration
+from syncsafe.control.serving_model import MAX_MERGE_SHARE, Calibration
 from syncsafe.serving.metrics import derive_slo, violation_mask
 from syncsafe.serving.profile import ServerProfile, max_num_seqs  # noqa: F401 (re-exported)
 

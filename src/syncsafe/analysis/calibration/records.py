@@ -26,7 +26,7 @@ import pandas as pd
 
 from syncsafe.config import Params
 from syncsafe.schedules.schedule import Schedule, read_schedule
-from syncsafe.serving.calibration import Calibration
+from syncsafe.control.serving_model import Calibration
 from syncsafe.serving.metrics import REQUEST_RESULT_COLUMNS, SloSpec, failed_mask, require_columns
 from syncsafe.serving.simulator import simulate_replay
 from syncsafe.traces.stage import load_timeline

@@ -9,7 +9,7 @@ import pandas as pd
 
 from syncsafe.analysis.evidence import FidelityEvidence, MechanismEvidence
 from syncsafe.analysis.report import markdown_table
-from syncsafe.serving.calibration import Calibration
+from syncsafe.control.serving_model import Calibration
 
 PARAMETERS = ("iter_base_ms", "prefill_ms_per_token", "decode_ms_per_seq", "request_overhead_ms", "token_overhead_ms",
               "max_batch", "merge_compute_share",

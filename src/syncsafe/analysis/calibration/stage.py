@@ -34,7 +34,7 @@ from syncsafe.analysis.calibration.records import VLLM_PROFILE, read_vllm_record
 from syncsafe.analysis.calibration.report import render_fidelity_report, render_fit_report
 from syncsafe.analysis.evidence import FidelityEvidence, MechanismEvidence
 from syncsafe.config import Params
-from syncsafe.serving.calibration import Calibration, simulator_calibration
+from syncsafe.control.serving_model import Calibration, simulator_calibration
 from syncsafe.serving.profile import ServerProfile, max_num_seqs
 from syncsafe.serving.vllm_plan import vllm_seed_split
 

@@ -1,10 +1,12 @@
-"""Serving calibration: the iteration-level cost model of the server and what a merge takes from it.
+"""The serving cost model: the iteration-level cost of the server and what a merge takes from it.
 
 The calibrate-fit stage fits these parameters to a profile of the real server
 and to real replays of the fit seeds, and writes them as JSON
 (`runs/calibration/calibration.json`); the simulator (`syncsafe.serving.simulator`)
 and the `wa_calibrated` policy read them. Until a fit exists the shipped
-defaults below stand in (flagged by `fitted: false`).
+defaults below stand in (flagged by `fitted: false`). It lives in `control`,
+below the serving code, because the calibrated policies price a merge with it
+(`expected_merge_cost`) and every layer above reads the same model.
 
 The server advances in engine iterations (continuous batching). One iteration
 over a batch holding `n` decoding sequences and `P` prompt tokens being
