@@ -2,9 +2,8 @@
 
 ```
 prepare ─► traces[regime] ─► train_resources ─► train[regime × policy × seed] ─► schedules_build[regime]
-  ─► schedules_index ─┬► replay_simulator[regime] ─┬► replay_index ─► calibrate ─► analyze
-                      └► replay_vllm ──────────────┘                          ▲
-train ─► live (skipped unless live.enabled) ──────────────────────────────────┘
+  ─► schedules_index ─► replay_vllm ─► calibrate_fit ─► replay_simulator[regime] ─► replay_index ─► fidelity ─► analyze
+train ─► live (skipped unless live.enabled) ────────────────────────────────────────────────────────────────────┘
 ```
 
 - ``prepare`` applies the chosen profile's overlay to the repo's
@@ -31,10 +30,14 @@ train ─► live (skipped unless live.enabled) ──────────�
   (about 1,800 with the gpu profile's 10 seeds and 20 draws), each replayed
   in milliseconds, so per-schedule tasks would cost far more in scheduling
   than in work. ``replay_vllm`` is one task: it starts one vLLM server (minutes)
-  and replays the configured subset (``replay.vllm``) through it. When
-  ``replay.vllm.enabled`` is false it is skipped, and so is ``calibrate``
-  (it fits the simulator to those real replays); ``analyze`` then runs
-  without mechanism evidence, so its verdicts license no serving claim.
+  and replays the configured subset (``replay.vllm``) through it. The
+  calibration loop follows the pipeline's: ``calibrate_fit`` fits the
+  simulator to the fit seeds' real replays, the simulator replays use that
+  fit, and ``fidelity`` judges it on the held-out seeds before ``analyze``.
+  When ``replay.vllm.enabled`` is false, ``replay_vllm`` is skipped and
+  ``calibrate_fit`` writes the shipped defaults (``calibration: default``):
+  ``analyze`` then has no mechanism evidence and an unlicensed simulator, so
+  its verdicts license no serving claim.
 - ``live`` runs ``syncsafe live`` (the controller as a sidecar beside a real
   vLLM server, on the wall clock) after training; skipped unless ``live.enabled``.
 - GPU tasks (``train``, ``replay_vllm``, ``live``) go to the GPU queue / pool /
@@ -225,13 +228,13 @@ def syncsafe_nightly():
     def replay_index(run: dict) -> str:
         return stage_command(run, "replay", "index", params=None)
 
-    @task.bash
-    def calibrate(run: dict, enabled: bool) -> str:
-        if not enabled:  # it fits the simulator to real vLLM replays: none to fit to
-            from airflow.sdk.exceptions import AirflowSkipException
+    @task.bash(trigger_rule="none_failed")
+    def calibrate_fit(run: dict) -> str:
+        return stage_command(run, "calibrate-fit")
 
-            raise AirflowSkipException("no vLLM replays (replay.vllm.enabled is false): nothing to calibrate")
-        return stage_command(run, "calibrate")
+    @task.bash(trigger_rule="none_failed")
+    def fidelity(run: dict) -> str:
+        return stage_command(run, "fidelity")
 
     @task.bash(**gpu_task_kwargs())
     def live(run: dict, enabled: bool) -> str:
@@ -271,7 +274,7 @@ def syncsafe_nightly():
     rv = replay_vllm(run, plan["vllm"])
     ri = replay_index(run)
     an = analyze(run)
-    chain(t, res, tr, sb, si, [rs, rv], ri, calibrate(run, plan["vllm"]), an)
+    chain(t, res, tr, sb, si, rv, calibrate_fit(run), rs, ri, fidelity(run), an)
     chain(tr, live(run, plan["live"]), an)
 
 

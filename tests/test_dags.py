@@ -137,13 +137,16 @@ def test_dagbag_imports_cleanly_and_every_dag_has_tags_and_retries(tmp_path: Pat
     assert "daily" in nightly["schedule"].lower() or "0 0 * * *" in nightly["schedule"]
     assert {"profile", "regimes", "seeds", "policies", "random_draws", "overrides"} <= set(nightly["params"])
     tasks = nightly["tasks"]
-    # the stage order: traces -> train -> schedules -> replay -> calibrate -> analyze
+    # the stage order: traces -> train -> schedules -> real replay -> fit -> simulator replay -> fidelity -> analyze
     assert "traces" in tasks["train_resources"]["upstream"] and "train_resources" in tasks["train"]["upstream"]
     assert "train" in tasks["schedules_build"]["upstream"]
     assert "schedules_build" in tasks["schedules_index"]["upstream"]
-    assert {"replay_simulator", "replay_vllm"} <= set(tasks["replay_index"]["upstream"])
-    assert "replay_index" in tasks["calibrate"]["upstream"]
-    assert "calibrate" in tasks["analyze"]["upstream"]
+    assert "schedules_index" in tasks["replay_vllm"]["upstream"]
+    assert "replay_vllm" in tasks["calibrate_fit"]["upstream"]
+    assert "calibrate_fit" in tasks["replay_simulator"]["upstream"]  # the simulator replays use the fit
+    assert "replay_simulator" in tasks["replay_index"]["upstream"]
+    assert "replay_index" in tasks["fidelity"]["upstream"]
+    assert "fidelity" in tasks["analyze"]["upstream"]
     # GPU work goes to the GPU queue and pool; the rest stays on the default ones
     for task_id in ("train", "replay_vllm", "live"):
         assert (tasks[task_id]["queue"], tasks[task_id]["pool"]) == ("gpu", "gpu"), task_id
@@ -242,10 +245,11 @@ def test_nightly_dag_runs_the_cpu_profile_with_tiny_params(airflow_home: Path, t
     assert done.returncode == 0, _tail(done)
 
     states = _task_states(airflow_home, "syncsafe_nightly")
-    # replay.vllm.enabled: false: no real replay, so nothing to calibrate; analyze runs without them
-    assert states[("replay_vllm", -1)] == states[("calibrate", -1)] == "skipped"
+    # replay.vllm.enabled: false: no real replay; calibrate_fit writes the shipped defaults and fidelity says so
+    assert states[("replay_vllm", -1)] == "skipped"
+    assert states[("calibrate_fit", -1)] == states[("fidelity", -1)] == "success"
     assert states[("live", -1)] == "skipped"  # live.enabled: false on the cpu profile
-    assert [k for k, s in states.items() if s != "success" and k[0] not in ("replay_vllm", "calibrate", "live")] == []
+    assert [k for k, s in states.items() if s != "success" and k[0] not in ("replay_vllm", "live")] == []
     assert sorted(m for (t, m) in states if t == "train") == [0, 1]  # 1 regime x 2 policies x 1 seed
 
     (run_dir,) = (work / "syncsafe_nightly").iterdir()
@@ -256,7 +260,8 @@ def test_nightly_dag_runs_the_cpu_profile_with_tiny_params(airflow_home: Path, t
     schedules = pd.read_csv(run_dir / "runs" / "schedules" / "index.csv")
     controllers = schedules[schedules["source"].isin(["train", "harness"])]
     assert set(controllers["source"]) == {"train"} and sorted(controllers["policy"]) == ["fixed_h", "wa_diloco"]
-    assert {"train", "matched_random", "no_sync", "offline_bound"} <= set(schedules["source"])
+    assert {"train", "matched_random", "matched_random_free", "even_cadence", "no_sync", "offline_bound"} <= set(
+        schedules["source"])
     assert len(schedules[schedules["source"] == "matched_random"]) == 2 * 2  # 2 controllers x 2 draws x 1 seed
     replays = pd.read_csv(run_dir / "runs" / "replay" / "index.csv")
     assert set(replays["backend"]) == {"simulator"}
@@ -267,6 +272,8 @@ def test_nightly_dag_runs_the_cpu_profile_with_tiny_params(airflow_home: Path, t
     # no real replay, so no mechanism evidence: no controller can be licensed beyond the stress harness
     tiers = table.set_index("policy")["tier"]
     assert tiers["fixed_h"] == tiers["wa_diloco"] == "stress harness only"
+    fidelity = json.loads((run_dir / "runs" / "fidelity" / "fidelity.json").read_text())
+    assert fidelity["calibration"] == "default" and (table.drop(columns="tier")["calibration"] != "fitted").all()
 
     # every stage of the DAG run is an MLflow stage run under one pipeline run
     with sqlite3.connect(work / "mlflow.db") as db:
