@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -142,3 +143,52 @@ def test_killing_the_sidecar_takes_the_server_and_islands_down(live_project, tmp
     left = [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not left, [p.cmdline()[:4] for p in left]
     assert not _ours(root)
+
+
+def server_stop_drill(root: Path, params_path: Path):
+    """A real vLLM server killed mid-run (a crash: its whole process group, SIGKILL) under a wall-clock
+    controller reading its /metrics; returns the run and the plan."""
+    from syncsafe.config import HarnessConfig
+    from syncsafe.control.clock import WallClock
+    from syncsafe.control.controller import ControlPlan, run_controller
+    from syncsafe.control.fallback import SafeFallback
+    from syncsafe.control.harness import ProgressModelLearners
+    from syncsafe.control.live_signals import LiveSignals, SignalSettings, http_fetch
+    from syncsafe.control.policies import PressureGate
+    from syncsafe.serving.vllm_replay import served_model
+    from syncsafe.serving.vllm_server import VllmServer
+
+    params = load_params(params_path)
+    cfg = params.replay.vllm
+    server = VllmServer(VLLM_PYTHON, served_model(params, root), root / "logs" / "stop-drill.log", cfg.server_args,
+                        cfg.startup_timeout_s, cache_dir=root / "models" / "vllm-cache")
+    plan = ControlPlan(step_s=0.25, min_h=1, max_h=4, window_s=0.25, min_gap_s=0.0, duration_s=12.0)
+
+    def crash() -> None:
+        for proc in psutil.process_iter(["cmdline"]):
+            cmd = proc.info["cmdline"] or []
+            if "vllm.entrypoints.openai.api_server" in cmd and str(server.port) in cmd:
+                os.killpg(os.getpgid(proc.pid), signal.SIGKILL)
+
+    with server:
+        start = time.time() + 0.5
+        with LiveSignals(http_fetch(server.base_url, 1.0), start, SignalSettings(), 0.25, 1.0) as signals:
+            gate = SafeFallback(PressureGate(0.5), signals.problem)
+            crasher = threading.Timer(4.0, crash)
+            crasher.start()
+            result = run_controller(gate, ProgressModelLearners(HarnessConfig(), 0), signals, plan,
+                                    timebase=WallClock(start, 1.0))
+            crasher.join()
+    return result, plan
+
+
+def test_real_server_that_stops_answering_turns_the_policy_into_the_safe_action(live_project):
+    """Decisions before the crash follow the policy; after it they defer until max_h, then merge."""
+    result, plan = server_stop_drill(live_project, live_project / "params.yaml")
+    before = [d for d in result.decisions if d.t_s < 3.0]
+    after = [d for d in result.decisions if d.t_s > 6.0]
+    assert before and not any(d.reason.startswith("degraded") for d in before)
+    assert after and all(d.reason.startswith("degraded") for d in after)
+    fits = lambda d: d.t_s + plan.window_s <= plan.duration_s  # noqa: E731 - no merge past the end
+    assert all(d.merge == (d.steps_since_merge >= plan.max_h and fits(d)) for d in after)
+    assert any(d.merge and d.forced for d in after)
