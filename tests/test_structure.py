@@ -110,3 +110,22 @@ def test_the_dependency_walk_sees_function_level_imports(tmp_path):
     files = {str(p.relative_to(PACKAGE)) for p in reachable_files(entry)}
     # cli.py imports the analysis only inside the analyze command
     assert "analysis/protocol.py" in files and "config.py" in files
+
+
+def test_every_dvc_param_key_is_spelled_out_in_params_yaml():
+    """DVC reads params from params.yaml itself: a key left to a schema default makes `dvc repro` fail."""
+    params = yaml.safe_load((ROOT / "params.yaml").read_text(encoding="utf-8"))
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text(encoding="utf-8"))["stages"]
+    missing = []
+    for name, stage in stages.items():
+        body = stage.get("do", stage)
+        regimes = list(params["regimes"]) if "foreach" in stage else [None]
+        for key in body.get("params", []):
+            for regime in regimes:
+                node = params
+                for part in key.replace("${key}", str(regime)).split("."):
+                    if not isinstance(node, dict) or part not in node:
+                        missing.append((name, key))
+                        break
+                    node = node[part]
+    assert not missing, f"dvc.yaml params not in params.yaml: {sorted(set(missing))}"
