@@ -392,7 +392,7 @@ def test_provenance_helpers(tmp_path: Path, repo_root: Path) -> None:
     assert tracking.redact("https://u:secret@h/x") == "https://***@h/x"
 
 
-def test_a_small_pipeline_run_leaves_its_stage_and_item_runs(store, params_file, cli):
+def test_a_small_pipeline_run_leaves_its_stage_and_item_runs(store, params_file, params, cli):
     """traces → schedules → simulator replay through the CLI, tracking on: one parent, nested runs, tags, artifacts."""
     os.environ["SYNCSAFE_PIPELINE_RUN_ID"] = "pytest-pipeline"
     try:
@@ -410,7 +410,8 @@ def test_a_small_pipeline_run_leaves_its_stage_and_item_runs(store, params_file,
     for tag in RUN_TAGS:
         assert f"tags.{tag}" in items.columns
     draws = items[(items["tags.stage"] == "replay-simulator") & (items["tags.policy"] == "matched_random")]
-    assert len(draws) == 2 * 7 * 3 and set(draws["tags.draw"]) == {"0", "1", "2"}
+    n_runs = len(params.seeds) * len(params.control.policies) * params.schedules.random_draws
+    assert len(draws) == n_runs and set(draws["tags.draw"]) == {str(d) for d in range(params.schedules.random_draws)}
     assert draws["metrics.slo_violation_rate"].between(0, 1).all()
     fixed = items[(items["tags.stage"] == "schedules") & (items["tags.policy"] == "fixed_h")]
     assert len(fixed) == 2 and fixed["metrics.n_merges"].gt(0).all()

@@ -9,6 +9,7 @@ latencies in ms. The fit must recover the known parameters.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from dataclasses import replace
@@ -22,7 +23,7 @@ from syncsafe import io
 from syncsafe.analysis.calibration.fidelity import fidelity_evidence
 from syncsafe.analysis.calibration.fit import fit_calibration, profile_prior
 from syncsafe.analysis.calibration.mechanism import active_pairs, regime_mechanism
-from syncsafe.analysis.calibration.records import CalibrationInputError, ReplayRecord, wall_inputs
+from syncsafe.analysis.calibration.records import CalibrationInputError, ReplayRecord, read_vllm_records, wall_inputs
 from syncsafe.analysis.calibration.stage import calibrate_fit_stage, fidelity_stage
 from syncsafe.analysis.evidence import FidelityEvidence, MechanismEvidence
 from syncsafe.config import FidelityTargets, Params
@@ -394,3 +395,15 @@ def test_the_calibration_loop_has_no_cycle_in_dvc(tmp_path):
     assert any(a == "calibrate-fit" and b.startswith("replay-simulator@") for a, b in edges)
     assert ("fidelity", "analyze") in edges
     assert not any(a.startswith("replay-simulator@") and b in ("replay-vllm", "calibrate-fit") for a, b in edges)
+
+
+def test_an_invalid_real_replay_takes_its_seed_out_of_calibration(tmp_path, records):
+    write_vllm_layout(tmp_path, records)
+    victim = next(r for r in records if r.seed == 1 and r.has_merges)
+    summary_path = tmp_path / f"runs/replay-sets/vllm/{victim.regime}/seed-1/{victim.label}/summary.json"
+    summary = json.loads(summary_path.read_text())
+    summary.update(valid=False, invalid_reason="failure rate 0.4 > 0.02")
+    summary_path.write_text(json.dumps(summary))
+    with pytest.warns(UserWarning, match="seed 1 of .* is left out"):
+        kept = read_vllm_records(stage_params(), tmp_path)
+    assert kept and {r.seed for r in kept} == {0}

@@ -176,6 +176,8 @@ class VllmServer:
             self._previous_handlers[sig] = signal.signal(sig, handler)
 
     def _restore_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # only the main thread may set handlers; a stop from a watchdog thread leaves them to it
         for sig, previous in self._previous_handlers.items():
             signal.signal(sig, previous)  # type: ignore[arg-type]
         self._previous_handlers.clear()

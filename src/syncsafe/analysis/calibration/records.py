@@ -16,6 +16,7 @@ plan repeats it last, a second one (`repeat=True`, listed in
 from __future__ import annotations
 
 import json
+import warnings
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -181,7 +182,13 @@ def simulate_record(record: ReplayRecord, calibration: Calibration) -> ReplayRec
 
 
 def read_vllm_records(params: Params, root: Path, seeds: Iterable[int] | None = None) -> list[ReplayRecord]:
-    """Every complete vLLM replay (index and repeats) of the given seeds (None: all) as a `ReplayRecord`."""
+    """Every complete vLLM replay (index and repeats) of the given seeds (None: all) as a `ReplayRecord`.
+
+    A replay marked invalid (too many failures or a late load generator,
+    `valid: false` in its summary) licenses nothing, and neither does the rest
+    of its seed: the paired measures need every replay of a seed, so the whole
+    seed is left out, with a warning naming it.
+    """
     root = Path(root)
     index_path = root / VLLM_INDEX
     if not index_path.is_file():
@@ -200,6 +207,7 @@ def read_vllm_records(params: Params, root: Path, seeds: Iterable[int] | None = 
         index = index[index["seed"].isin(list(seeds))]
     cfg = params.replay.vllm
     records = []
+    invalid: set[tuple[str, int]] = set()
     timelines: dict[tuple[str, int], pd.DataFrame] = {}
     for row in index.to_dict("records"):
         out = root / row["path"]
@@ -209,6 +217,10 @@ def read_vllm_records(params: Params, root: Path, seeds: Iterable[int] | None = 
                 raise CalibrationInputError(f"{path}: missing (an incomplete vLLM replay); rerun the replay-vllm stage")
         summary = json.loads(summary_path.read_text(encoding="utf-8"))
         regime, seed = str(row["regime"]), int(row["seed"])
+        if not summary.get("valid", True):
+            invalid.add((regime, seed))
+            warnings.warn(f"{out}: invalid replay ({summary.get('invalid_reason', 'marked invalid')}): "
+                          f"seed {seed} of {regime} is left out of calibration and fidelity", stacklevel=2)
         if (regime, seed) not in timelines:
             timelines[regime, seed] = load_timeline(root, regime, seed)
         records.append(ReplayRecord(
@@ -218,7 +230,7 @@ def read_vllm_records(params: Params, root: Path, seeds: Iterable[int] | None = 
             max_trace_s=float(summary.get("max_trace_s", cfg.max_trace_s)),
             slo=SloSpec(**summary["slo"]) if summary.get("slo") else None, repeat=bool(row["_repeat"]),
         ))  # fmt: skip
-    return records
+    return [r for r in records if (r.regime, r.seed) not in invalid]
 
 
 def record_label(path: str) -> str:
