@@ -1,171 +1,17 @@
-"""The params.yaml schema: every stage's settings, validated before anything runs.
-
-`load_params` reads params.yaml and returns a `Params` model or raises
-`ConfigError` with one line per problem, each naming the key
-(`regimes.bursty.window_s: ...`). Unknown keys are errors, not silently
-ignored: a typo must never fall back to a default.
-
-Keys that other tools edit and that keep their names: `profile`, `seeds`,
-`regimes.<name>.{kind, duration_s, period_s, window_s, phase_s}`,
-`merge.window_s`, `merge.min_gap_s`, `schedules.random_draws`.
-"""
+"""The pipeline sections of params.yaml: merges, control, harness, training, replay, live, schedules, analysis."""
 
 from __future__ import annotations
 
-import math
-from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
-from syncsafe.errors import BadInput
-
-#: Controller policies the trace-time controller can run (derived schedules
-#: `matched_random`, `no_sync` and `offline_bound` come from the schedules stage).
-CONTROLLER_POLICIES = (
-    "fixed_h",
-    "pressure_gate",
-    "random_deferral",
-    "wa_diloco",
-    "wa_calibrated",
-    "wa_forecast",
-    "wa_seasonal",
-    "wa_lookahead",
-)
-
-
-#: vLLM server arguments its identity depends on (loopback bind, free port, random
-#: served name): the replay sets them, params and DAGs may not.
-RESERVED_SERVER_ARGS = ("--host", "--port", "--served-model-name", "--uds")
-
-
-class ConfigError(BadInput):
-    """params.yaml is missing, malformed or describes an impossible run."""
-
-
-class _Strict(BaseModel):
-    # `.inf` / `.nan` in params.yaml are refused like any impossible value, naming the key.
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
-PositiveFloat = Annotated[float, Field(gt=0)]
-Fraction = Annotated[float, Field(ge=0, le=1)]
-
-
-# --------------------------------------------------------------------------- traces
-
-
-class RequestShape(_Strict):
-    """Token-length distributions of generated requests (log-normal, clipped)."""
-
-    prompt_tokens_median: PositiveFloat = 48
-    prompt_tokens_sigma: Annotated[float, Field(ge=0)] = 0.5
-    prompt_tokens_max: Annotated[int, Field(ge=1)] = 256
-    output_tokens_median: PositiveFloat = 24
-    output_tokens_sigma: Annotated[float, Field(ge=0)] = 0.5
-    output_tokens_max: Annotated[int, Field(ge=1)] = 128
-    #: Coefficient of variation of per-step arrival counts (1 = Poisson; >1 = clumpier).
-    arrival_cv: Annotated[float, Field(ge=1)] = 1.0
-
-
-class TracesConfig(_Strict):
-    step_s: PositiveFloat = 0.5
-    requests: RequestShape = RequestShape()
-
-
-class _RegimeBase(_Strict):
-    duration_s: PositiveFloat
-    #: Background network load from other jobs, 0..1.
-    network_base: Fraction = 0.1
-    #: Mean checkpoint writes per hour by other jobs sharing storage.
-    checkpoints_per_hour: Annotated[float, Field(ge=0)] = 6.0
-    checkpoint_s: PositiveFloat = 10.0
-
-
-class BurstyRegime(_RegimeBase):
-    """Busy windows of `window_s` every `period_s`, the first starting at `phase_s`."""
-
-    kind: Literal["bursty"]
-    period_s: PositiveFloat = 120.0
-    window_s: PositiveFloat = 30.0
-    phase_s: Annotated[float, Field(ge=0)] = 0.0
-    quiet_rate: PositiveFloat = 1.0
-    busy_rate: PositiveFloat = 6.0
-    #: Log-normal sigma of each burst's intensity around `busy_rate`.
-    burst_jitter: Annotated[float, Field(ge=0)] = 0.2
-
-    @model_validator(mode="after")
-    def _window_fits_period(self) -> BurstyRegime:
-        if self.window_s > self.period_s:
-            raise ValueError(
-                f"window_s ({self.window_s}) must not be longer than period_s ({self.period_s})"
-            )
-        if self.busy_rate < self.quiet_rate:
-            raise ValueError(f"busy_rate ({self.busy_rate}) must be >= quiet_rate ({self.quiet_rate})")
-        return self
-
-
-class SteadyRegime(_RegimeBase):
-    """Slow sinusoidal load: the 'mixed' regime, busy above `busy_above` of the peak."""
-
-    kind: Literal["steady"]
-    period_s: PositiveFloat = 300.0
-    phase_s: Annotated[float, Field(ge=0)] = 0.0
-    mean_rate: PositiveFloat = 3.0
-    amplitude: Annotated[float, Field(ge=0, lt=1)] = 0.6
-    busy_above: Fraction = 0.75
-
-
-class PressureHeavyRegime(_RegimeBase):
-    """High inference and network pressure that merges cannot avoid: random busy episodes."""
-
-    kind: Literal["pressure_heavy"]
-    base_rate: PositiveFloat = 4.0
-    busy_rate: PositiveFloat = 7.0
-    episodes_per_hour: Annotated[float, Field(ge=0)] = 40.0
-    episode_s: PositiveFloat = 45.0
-    network_base: Fraction = 0.6
-
-
-class TraceRegime(_RegimeBase):
-    """Segments of a recorded request trace: seed s replays [offset_s + s * stride_s, + duration_s).
-
-    Rules (syncsafe.traces.trace_regime): arrivals re-based to 0; `rate_scale`
-    thins (< 1) or replicates (> 1) requests, seeded; token counts clipped to the
-    served model's context; the load timeline derived from the segment's own
-    arrivals (trailing `smooth_s` token load against levels of the whole trace).
-    """
-
-    kind: Literal["trace"]
-    #: CSV/JSONL/Parquet file; a relative path is read from the directory the stage runs in (the project root).
-    path: str
-    format: Literal["azure", "burstgpt", "mooncake", "requests"] = "requests"
-    #: Trace second where seed 0's segment starts.
-    offset_s: Annotated[float, Field(ge=0)] = 0.0
-    #: Seed s starts at offset_s + s * stride_s; null = duration_s (segments side by side).
-    stride_s: PositiveFloat | None = None
-    #: Arrival-rate multiplier to fit the served model.
-    rate_scale: PositiveFloat = 1.0
-    #: Trailing window (s) over which the token load is averaged.
-    smooth_s: PositiveFloat = 30.0
-    #: busy where the smoothed token load exceeds this quantile of the whole trace's.
-    busy_quantile: Annotated[float, Field(gt=0, lt=1)] = 0.75
-    #: inference_pressure = smoothed token load / this quantile of the whole trace's (capped at 1).
-    pressure_quantile: Annotated[float, Field(gt=0, le=1)] = 0.99
-
-    @property
-    def segment_stride_s(self) -> float:
-        return self.duration_s if self.stride_s is None else self.stride_s
-
-
-Regime = Annotated[BurstyRegime | SteadyRegime | PressureHeavyRegime | TraceRegime, Field(discriminator="kind")]
-
+from syncsafe.config.base import CONTROLLER_POLICIES, RESERVED_SERVER_ARGS, Fraction, PositiveFloat, Strict
 
 # --------------------------------------------------------------------------- control
 
 
-class MergeConfig(_Strict):
+class MergeConfig(Strict):
     """The merge budget a matched-random draw copies."""
 
     #: How long one merge occupies the fleet (all-reduce + outer step + checkpoint).
@@ -174,20 +20,20 @@ class MergeConfig(_Strict):
     min_gap_s: Annotated[float, Field(ge=0)] = 10.0
 
 
-class FixedHConfig(_Strict):
+class FixedHConfig(Strict):
     h: Annotated[int, Field(ge=1)] = 8
 
 
-class PressureGateConfig(_Strict):
+class PressureGateConfig(Strict):
     #: Merge only while fleet pressure is at or below this.
     max_pressure: Fraction = 0.5
 
 
-class RandomDeferralConfig(_Strict):
+class RandomDeferralConfig(Strict):
     defer_prob: Fraction = 0.5
 
 
-class ScoreWeights(_Strict):
+class ScoreWeights(Strict):
     """Weights of the workload-aware merge score (see control/policies.py)."""
 
     w_progress: Annotated[float, Field(ge=0)] = 0.5
@@ -198,7 +44,7 @@ class ScoreWeights(_Strict):
     threshold: float = 0.25
 
 
-class ForecastConfig(_Strict):
+class ForecastConfig(Strict):
     ewma_alpha: Annotated[float, Field(gt=0, le=1)] = 0.5
     w_forecast: Annotated[float, Field(ge=0)] = 0.5
     #: Seasonal forecaster: shortest and longest period it looks for.
@@ -208,13 +54,13 @@ class ForecastConfig(_Strict):
     min_autocorr: Fraction = 0.5
 
 
-class CalibratedConfig(_Strict):
+class CalibratedConfig(Strict):
     w_cost: Annotated[float, Field(ge=0)] = 1.5
     #: Calibration JSON written by the calibrate stage; null = shipped defaults.
     calibration: str | None = None
 
 
-class LookaheadConfig(_Strict):
+class LookaheadConfig(Strict):
     """wa_lookahead (control/lookahead.py): merge now only if now is the cheapest feasible cycle."""
 
     #: Trace seconds of past fleet samples the cost forecasts and spread come from.
@@ -224,7 +70,7 @@ class LookaheadConfig(_Strict):
     w_defer: Annotated[float, Field(ge=0)] = 0.25
 
 
-class ControlConfig(_Strict):
+class ControlConfig(Strict):
     #: Trace seconds one inner step takes on the `trace` clock.
     step_s: PositiveFloat = 5.0
     #: Inner steps per control cycle; no merge before this many steps.
@@ -260,7 +106,7 @@ class ControlConfig(_Strict):
         return self.min_h * self.step_s
 
 
-class HarnessConfig(_Strict):
+class HarnessConfig(Strict):
     """The learner-progress model that stands in for training in the stress harness."""
 
     islands: Annotated[int, Field(ge=1)] = 4
@@ -274,7 +120,7 @@ class HarnessConfig(_Strict):
     loss_noise: Annotated[float, Field(ge=0)] = 0.01
 
 
-class ModelShape(_Strict):
+class ModelShape(Strict):
     """cpu profile: the tiny Llama built locally (vocab comes from the tokenizer)."""
 
     hidden_size: Annotated[int, Field(ge=8)] = 128
@@ -285,7 +131,7 @@ class ModelShape(_Strict):
     max_position_embeddings: Annotated[int, Field(ge=16)] = 512
 
 
-class HubSource(_Strict):
+class HubSource(Strict):
     """gpu profile: a Hugging Face model to continue training and a streamed dataset."""
 
     model: str = "HuggingFaceTB/SmolLM2-135M"
@@ -294,7 +140,7 @@ class HubSource(_Strict):
     text_field: str = "text"
 
 
-class TrainConfig(_Strict):
+class TrainConfig(Strict):
     """Real DiLoCo training: islands, inner AdamW, outer Nesterov step, faults."""
 
     islands: Annotated[int, Field(ge=1)] = 2
@@ -337,7 +183,7 @@ class TrainConfig(_Strict):
         return self
 
 
-class SloConfig(_Strict):
+class SloConfig(Strict):
     """The serving SLO: fixed bounds, or the same seed's no-sync p95 times `multiplier`."""
 
     multiplier: Annotated[float, Field(gt=0)] = 1.5
@@ -345,7 +191,7 @@ class SloConfig(_Strict):
     e2e_ms: PositiveFloat | None = None
 
 
-class SimulatorReplay(_Strict):
+class SimulatorReplay(Strict):
     #: Calibration JSON (relative to the project root); null = the calibrate-fit stage's
     #: runs/calibration/calibration.json when present, else the shipped defaults (`fitted: false` either way).
     calibration: str | None = None
@@ -353,7 +199,7 @@ class SimulatorReplay(_Strict):
     oracle_evals: Annotated[int, Field(ge=2)] = 40
 
 
-class VllmReplay(_Strict):
+class VllmReplay(Strict):
     """Replay against a real vLLM server: a subset of schedules, sized for the profile."""
 
     enabled: bool = True
@@ -424,7 +270,7 @@ class VllmReplay(_Strict):
         return self
 
 
-class LiveConfig(_Strict):
+class LiveConfig(Strict):
     """`syncsafe live`: the controller as a sidecar beside a real vLLM server, on the wall clock.
 
     Server, load generator and merge-work settings come from `replay.vllm`.
@@ -456,7 +302,7 @@ class LiveConfig(_Strict):
     busy_pressure: Fraction = 0.5
 
 
-class ReplayConfig(_Strict):
+class ReplayConfig(Strict):
     slo: SloConfig = SloConfig()
     #: Inference pressure at or above this counts as high pressure (pressure p95 ratio).
     high_pressure: Fraction = 0.6
@@ -464,7 +310,7 @@ class ReplayConfig(_Strict):
     vllm: VllmReplay = VllmReplay()
 
 
-class SchedulesConfig(_Strict):
+class SchedulesConfig(Strict):
     #: Matched-random draws per controller schedule.
     random_draws: Annotated[int, Field(ge=1)] = 20
     #: Where controller schedules come from: real training runs or the stress harness.
@@ -474,14 +320,14 @@ class SchedulesConfig(_Strict):
 # --------------------------------------------------------------------------- analysis
 
 
-class PrimaryTest(_Strict):
+class PrimaryTest(Strict):
     """The one (policy, regime) test declared before the data: tested first, at alpha."""
 
     policy: str = "wa_diloco"
     regime: str = "bursty"
 
 
-class FidelityTargets(_Strict):
+class FidelityTargets(Strict):
     """What the simulator must reproduce on held-out real replays before its verdicts count."""
 
     #: Largest relative error of a replay's E2E p95 (|sim - real| / real), per held-out replay.
@@ -499,7 +345,7 @@ class FidelityTargets(_Strict):
         return self
 
 
-class AnalysisConfig(_Strict):
+class AnalysisConfig(Strict):
     """The evidence protocol's settings (see README, "The evidence protocol")."""
 
     #: Family-wise error rate of the whole verdict table.
@@ -508,138 +354,3 @@ class AnalysisConfig(_Strict):
     #: A policy whose eval loss may exceed fixed_h's by more than this share is flagged "hurts training".
     loss_margin: Annotated[float, Field(ge=0)] = 0.01
     fidelity: FidelityTargets = FidelityTargets()
-
-
-# --------------------------------------------------------------------------- root
-
-
-class Params(_Strict):
-    profile: Literal["cpu", "gpu"] = "cpu"
-    seeds: list[Annotated[int, Field(ge=0)]] = Field(min_length=1)
-    traces: TracesConfig = TracesConfig()
-    regimes: dict[str, Regime] = Field(min_length=1)
-    merge: MergeConfig = MergeConfig()
-    control: ControlConfig = ControlConfig()
-    harness: HarnessConfig = HarnessConfig()
-    train: TrainConfig = TrainConfig()
-    schedules: SchedulesConfig = SchedulesConfig()
-    replay: ReplayConfig = ReplayConfig()
-    live: LiveConfig = LiveConfig()
-    analysis: AnalysisConfig = AnalysisConfig()
-
-    @model_validator(mode="after")
-    def _consistent(self) -> Params:
-        if len(set(self.seeds)) != len(self.seeds):
-            raise ValueError("seeds must not repeat a seed")
-        for name in self.regimes:
-            if not name.replace("_", "").replace("-", "").isalnum():
-                raise ValueError(f"regime name {name!r} must be letters, digits, '_' or '-'")
-        step = self.traces.step_s
-        for key, value in (("merge.window_s", self.merge.window_s), ("merge.min_gap_s", self.merge.min_gap_s)):
-            if not _is_multiple(value, step):
-                raise ValueError(f"{key} ({value}) must be a multiple of traces.step_s ({step})")
-        if self.merge.min_gap_s > self.control.cycle_s:
-            raise ValueError(
-                f"merge.min_gap_s ({self.merge.min_gap_s}) must be <= control.min_h * control.step_s "
-                f"({self.control.cycle_s}) so that controller schedules keep the gap matched draws copy"
-            )
-        for name, regime in self.regimes.items():
-            if regime.duration_s < self.control.cycle_s + self.merge.window_s:
-                raise ValueError(
-                    f"regimes.{name}.duration_s ({regime.duration_s}) is shorter than one control "
-                    f"cycle plus one merge window ({self.control.cycle_s + self.merge.window_s})"
-                )
-            if not _is_multiple(regime.duration_s, step):
-                raise ValueError(f"regimes.{name}.duration_s must be a multiple of traces.step_s ({step})")
-        if self.profile == "cpu" and self.train.seq_len > self.train.model.max_position_embeddings:
-            raise ValueError(f"train.seq_len ({self.train.seq_len}) must be <= train.model.max_position_embeddings "
-                             f"({self.train.model.max_position_embeddings}) in the cpu profile")
-        vllm = self.replay.vllm
-        for key, chosen, allowed in (
-            ("replay.vllm.regimes", vllm.regimes, list(self.regimes)),
-            ("replay.vllm.policies", vllm.policies or [], self.control.policies),
-            ("replay.vllm.seeds", vllm.seeds or [], self.seeds),
-        ):
-            unknown = [x for x in chosen if x not in allowed]
-            if unknown:
-                raise ValueError(f"{key}: {unknown} not among {allowed}")
-        primary = self.analysis.primary
-        if primary.regime not in self.regimes:
-            raise ValueError(f"analysis.primary.regime: {primary.regime!r} not among {list(self.regimes)}")
-        if primary.policy not in self.control.policies:
-            raise ValueError(f"analysis.primary.policy: {primary.policy!r} not among {self.control.policies}")
-        for key, chosen, allowed in (("live.regimes", self.live.regimes, list(self.regimes)),
-                                     ("live.seeds", self.live.seeds or [], self.seeds)):
-            unknown = [x for x in chosen if x not in allowed]
-            if unknown:
-                raise ValueError(f"{key}: {unknown} not among {allowed}")
-        if self.live.duration_s < self.control.cycle_s + self.merge.window_s:
-            raise ValueError(f"live.duration_s ({self.live.duration_s}) is shorter than one control cycle plus one "
-                             f"merge window ({self.control.cycle_s + self.merge.window_s})")
-        if vllm.draws > self.schedules.random_draws:
-            raise ValueError(f"replay.vllm.draws ({vllm.draws}) must be <= schedules.random_draws ({self.schedules.random_draws})")
-        return self
-
-
-def _is_multiple(value: float, step: float) -> bool:
-    ratio = value / step
-    return math.isclose(ratio, round(ratio), abs_tol=1e-9)
-
-
-def _format_error(source: str, err: ValidationError) -> str:
-    lines = []
-    for e in err.errors():
-        loc = [str(p) for p in e["loc"]]
-        if loc[:1] == ["regimes"] and len(loc) >= 3:
-            del loc[2]  # the `kind` tag pydantic inserts for the discriminated union
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            msg = "unknown key (not in the params schema)"
-        got = "" if e["type"] in ("missing", "value_error", "extra_forbidden") else f" (got {e.get('input')!r})"
-        where = ".".join(loc)
-        lines.append(f"{source}: {where + ': ' if where else ''}{msg}{got}")
-    return "\n".join(lines)
-
-
-def parse_params(raw: Any, source: str = "params.yaml") -> Params:
-    """Validate an already-loaded mapping; raise ConfigError naming the bad key."""
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: expected a mapping of sections at the top level")
-    try:
-        return Params.model_validate(raw)
-    except ValidationError as err:
-        raise ConfigError(_format_error(source, err)) from None
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """yaml.SafeLoader that refuses a mapping key given twice (PyYAML keeps the last one silently)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
-        seen: set = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise ConfigError(f"duplicate key {key!r} (line {key_node.start_mark.line + 1}): "
-                                  "each key may be given once")
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
-def read_yaml(text: str, source: str) -> Any:
-    """Parse YAML text with duplicate keys refused; raise ConfigError naming `source`."""
-    try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
-    except ConfigError as err:
-        raise ConfigError(f"{source}: {err}") from None
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{source}: not valid YAML: {err}") from None
-
-
-def load_params(path: str | Path = "params.yaml") -> Params:
-    """Read and validate params.yaml."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: file not found") from None
-    return parse_params(read_yaml(text, str(path)), str(path))

@@ -1,0 +1,40 @@
+"""The building blocks every params section shares: the strict base model, number types, the error."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from syncsafe.errors import BadInput
+
+#: Controller policies the trace-time controller can run (derived schedules
+#: `matched_random`, `no_sync` and `offline_bound` come from the schedules stage).
+CONTROLLER_POLICIES = (
+    "fixed_h",
+    "pressure_gate",
+    "random_deferral",
+    "wa_diloco",
+    "wa_calibrated",
+    "wa_forecast",
+    "wa_seasonal",
+    "wa_lookahead",
+)
+
+
+#: vLLM server arguments its identity depends on (loopback bind, free port, random
+#: served name): the replay sets them, params and DAGs may not.
+RESERVED_SERVER_ARGS = ("--host", "--port", "--served-model-name", "--uds")
+
+
+class ConfigError(BadInput):
+    """params.yaml is missing, malformed or describes an impossible run."""
+
+
+class Strict(BaseModel):
+    # `.inf` / `.nan` in params.yaml are refused like any impossible value, naming the key.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+PositiveFloat = Annotated[float, Field(gt=0)]
+Fraction = Annotated[float, Field(ge=0, le=1)]
