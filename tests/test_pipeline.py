@@ -167,7 +167,9 @@ def test_dvc_repro_in_a_fresh_copy_then_nothing_to_do(tmp_path, repo_root, raw_p
     assert set(index.loc[index["matched_to"].isna() & (index["policy"] != "no_sync"), "source"]) == {"train"}
     replays = pd.read_csv(project / "runs" / "replay" / "index.csv")
     assert set(replays["backend"]) == {"simulator", "vllm"}
-    assert len(replays[replays["backend"] == "vllm"]) == 3  # no_sync, fixed_h, one matched-random draw
+    # no_sync, the primary (wa_diloco) and fixed_h, each with one matched-random draw; the repeated
+    # no-sync (drift control) is listed in runs/replay-sets/vllm/repeats.csv
+    assert len(replays[replays["backend"] == "vllm"]) == 5
     assert (project / "runs" / "calibration" / "mechanism.json").is_file()
     table = pd.read_csv(project / "reports" / "policy_table.csv")
     assert set(table["policy"]) == {"fixed_h", "wa_diloco", "no_sync"}  # references are columns of their controller

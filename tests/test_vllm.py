@@ -17,7 +17,7 @@ import psutil
 import pytest
 import yaml
 
-from syncsafe.config import load_params
+from syncsafe.config import VllmReplay, load_params
 from syncsafe.schedules.stage import build_index, build_schedules
 from syncsafe.serving.vllm_replay import replay_vllm
 from syncsafe.serving.vllm_server import ServerError
@@ -85,7 +85,14 @@ def test_arrival_accuracy(vllm_project):
     requests = pd.read_parquet(vllm_project / no_sync["path"] / "requests.parquet")
     lag = requests["send_lag_ms"]
     assert (lag >= 0).all(), "never sent before its arrival time"
-    assert lag.median() < 50 and lag.quantile(0.99) < 1000
+    # a late send is charged to the request: latency runs from the scheduled arrival, so TTFT includes the lag
+    ok = requests["error"].fillna("") == ""
+    assert (requests.loc[ok, "ttft_ms"] >= lag[ok] - 1e-6).all()
+    # and a replay whose load generator ran late is not valid (the speed itself is benchmarks/bench_loadgen.py's)
+    summary = json.loads((vllm_project / no_sync["path"] / "summary.json").read_text())
+    limits = VllmReplay()  # the fixture keeps the default thresholds
+    assert summary["valid"] == (summary["send_lag_p99_ms"] <= limits.max_send_lag_p99_ms
+                                and summary["failure_rate"] <= limits.max_failure_rate)
     assert (requests["cap_wait_ms"] < 1).all(), "the in-flight cap did not bind"
 
 
