@@ -93,6 +93,11 @@ def test_a_gap_random_already_closed_is_left_out(build_runs):
     )
     summary = protocol_of(frame).policies.set_index("policy").loc["wa_diloco"]
     assert summary["gap_closed_seeds"] == 1 and summary["gap_closed_mean"] == pytest.approx(0.5)
+    # a gap smaller than one request (rates over 200 requests: 0.5 pp) is no gap to close
+    frame["n_requests"] = 200
+    frame.loc[(frame["policy"] == "matched_random") & (frame["seed"] == 1), "slo_violation_rate"] = [0.102, 0.102]
+    tiny = protocol_of(frame).policies.set_index("policy").loc["wa_diloco"]
+    assert tiny["gap_closed_seeds"] == 0 and np.isnan(tiny["gap_closed_mean"])
 
 
 def test_training_non_inferiority_against_fixed_h(build_runs):
