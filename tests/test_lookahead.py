@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-import pytest
 
 from syncsafe.config import ControlConfig, MergeConfig
 from syncsafe.control.controller import ControlPlan, run_controller

@@ -105,7 +105,7 @@ def test_every_stage_depends_on_all_the_code_it_runs():
     assert not missing, f"dvc.yaml deps miss modules the stage imports: {missing}"
 
 
-def test_the_dependency_walk_sees_function_level_imports(tmp_path):
+def test_the_dependency_walk_sees_function_level_imports():
     entry = PACKAGE / "cli.py"
     files = {str(p.relative_to(PACKAGE)) for p in reachable_files(entry)}
     # cli.py imports the analysis only inside the analyze command

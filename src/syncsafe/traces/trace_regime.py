@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import numpy as np
 import pandas as pd

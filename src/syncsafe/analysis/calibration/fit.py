@@ -45,7 +45,7 @@ from syncsafe.analysis.calibration.records import (
 )
 from syncsafe.control.serving_model import MAX_MERGE_SHARE, Calibration
 from syncsafe.serving.metrics import derive_slo, violation_mask
-from syncsafe.serving.profile import ServerProfile, max_num_seqs  # noqa: F401 (re-exported)
+from syncsafe.serving.profile import ServerProfile
 
 #: Fewest no-sync requests the replay step accepts.
 MIN_SERVICE_ROWS = 10
