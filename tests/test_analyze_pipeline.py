@@ -32,6 +32,7 @@ def test_without_mechanism_evidence_nothing_passes_the_harness_tier(tmp_path, pa
     assert "stress harness only" in out
     report = (root / "reports" / "report.md").read_text()
     assert "## Real replays (vLLM)" in report and "No vLLM replays" in report
+    assert "- runs table: simulator replays of runs/replay/index.csv" in report
     assert "figures/bursty_timeline_bursts_vs_merges.png" in report
     assert (root / "reports" / "figures" / "bursty_timeline_bursts_vs_merges.png").stat().st_size > 10_000
     metrics = json.loads((root / "reports" / "metrics.json").read_text())

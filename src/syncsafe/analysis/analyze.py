@@ -109,6 +109,7 @@ def analyze_runs(
     primary: tuple[str, str] | None = None,
     loss_margin: float = DEFAULT_LOSS_MARGIN,
     confidence: float = 0.95,
+    source: str | None = None,
     extra_sections: list[str] | None = None,
     extra_files: Mapping[str, Writer] | None = None,
 ) -> AnalysisResult:
@@ -118,7 +119,8 @@ def analyze_runs(
     (name -> writer of a temporary path) are written with the rest, all or
     nothing. `primary` is the declared ``(policy, regime)`` tested first
     (None: one Holm family); `fidelity` licenses (or not) the rows replayed on
-    the simulator.
+    the simulator; `source` names the runs in the report (default: the file,
+    or ``<DataFrame>``).
     """
     table = load_runs_table(runs if isinstance(runs, pd.DataFrame) else Path(runs))
     protocol = run_protocol(table, primary=primary, loss_margin=loss_margin, confidence=confidence)
@@ -126,7 +128,7 @@ def analyze_runs(
     envelope = protocol.seeds.loc[protocol.seeds["n_draws"].notna(), list(ENVELOPE_COLUMNS)]
     envelope = envelope.astype({"n_draws": int}).reset_index(drop=True)
     metrics = headline_metrics(policy_table, alpha=alpha, fidelity=fidelity)
-    context = ReportContext(source=table.source, alpha=alpha, mechanism=mechanism, fidelity=fidelity,
+    context = ReportContext(source=source or table.source, alpha=alpha, mechanism=mechanism, fidelity=fidelity,
                             primary=primary, loss_margin=loss_margin, seeds=sorted(table.frame["seed"].unique()))
     report = render_report(policy_table, protocol.seeds, context, figure=ENVELOPE_FIGURE)
     if extra_sections:

@@ -144,4 +144,5 @@ def analyze_pipeline(params: Params, root: Path = Path("."), alpha: float | None
     return analyze_runs(pipeline_runs(params, root), root / REPORTS_DIR, mechanism=mechanism, fidelity=fidelity,
                         primary=(settings.primary.policy, settings.primary.regime), loss_margin=settings.loss_margin,
                         alpha=settings.alpha if alpha is None else alpha, extra_sections=sections,
-                        extra_files=extra_files)
+                        extra_files=extra_files,
+                        source="simulator replays of runs/replay/index.csv (the regimes, seeds and policies in params)")
