@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from syncsafe.schedules.action_space import ActionSpace
-from syncsafe.schedules.schedule import Schedule
+from syncsafe.schedules.schedule import LoadIntegral, Schedule
 from syncsafe.control.serving_model import Calibration
 from syncsafe.serving.metrics import SloSpec, violation_mask
 from syncsafe.serving.simulator import simulate_replay
@@ -144,36 +144,31 @@ def _proxy_gaps(space: ActionSpace, n: int, timeline: pd.DataFrame, calibration:
     """Exact minimiser of the summed per-merge proxy cost over every feasible gap sequence with n merges.
 
     Merge i (0-based) after K cycles in total starts at K * cycle + i * window;
-    the DP runs over (i, K) and reads the proxy cost of that start.
+    the DP runs over (i, K) and reads the proxy cost of that start: the
+    pressure-weighted arrivals over the window and its aftermath.
     """
-    t = timeline["t_s"].to_numpy(dtype=float)
-    step = float(t[1] - t[0]) if t.size > 1 else 1.0
-    load = timeline["arrival_rate"].to_numpy(dtype=float) * calibration.pressure_multiplier(
+    weighted = timeline["arrival_rate"].to_numpy(dtype=float) * calibration.pressure_multiplier(
         timeline["inference_pressure"].to_numpy(dtype=float))
-    cum = np.concatenate([[0.0], np.cumsum(load * step)])
-    edges = np.append(t, t[-1] + step)
-
-    def cost(start: float) -> float:
-        lo, hi = start, start + space.window_s + aftermath_s
-        return float(np.interp(hi, edges, cum) - np.interp(lo, edges, cum))
-
+    load = LoadIntegral(pd.DataFrame({"t_s": timeline["t_s"], "merge_load": weighted}))
     r = space.max_cycles
     totals = set(space.feasible_totals(n))
     k_max = max(totals)
+    cycles = np.arange(k_max + 1)
+    # cost[i][k]: proxy cost of merge i starting after k cycles in total
+    cost = [load.over("merge_load", cycles * space.cycle_s + i * space.window_s, space.window_s + aftermath_s)
+            for i in range(n)]
     inf = float("inf")
     # best[i][k]: least proxy cost of merges 0..i with k cycles in total; back[i][k]: gap of merge i
     best = [[inf] * (k_max + 1) for _ in range(n)]
     back = [[0] * (k_max + 1) for _ in range(n)]
     for k in range(1, min(r, k_max) + 1):
-        best[0][k] = cost(k * space.cycle_s)
-        back[0][k] = k
+        best[0][k], back[0][k] = float(cost[0][k]), k
     for i in range(1, n):
         for k in range(i + 1, k_max + 1):
-            here = cost(k * space.cycle_s + i * space.window_s)
-            for gap in range(1, r + 1):
-                prev = best[i - 1][k - gap] if k - gap >= 0 else inf
-                if prev + here < best[i][k]:
-                    best[i][k], back[i][k] = prev + here, gap
+            for gap in range(1, min(r, k) + 1):
+                total = best[i - 1][k - gap] + float(cost[i][k])
+                if total < best[i][k]:
+                    best[i][k], back[i][k] = total, gap
     k = min(totals, key=lambda total: (best[n - 1][total], total))
     gaps = []
     for i in range(n - 1, -1, -1):
