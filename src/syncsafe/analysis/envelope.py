@@ -18,7 +18,6 @@ import pandas as pd
 from syncsafe.analysis.runs_table import (
     EVEN_CADENCE,
     MATCHED_RANDOM,
-    MATCHED_RANDOM_FREE,
     OFFLINE_BOUND,
     SLO_ORACLE,
     RunsTable,
@@ -27,8 +26,6 @@ from syncsafe.analysis.sync_excess import with_sync_excess
 
 ENVELOPE_KEY = ["regime", "policy", "seed"]
 ENVELOPE_STATS = ("min", "mean", "max")
-#: Envelope policies and the column prefix of their per-seed statistics.
-ENVELOPES = {MATCHED_RANDOM: "mr", MATCHED_RANDOM_FREE: "mrf"}
 #: Single-schedule references and their column prefix.
 REFERENCES = {EVEN_CADENCE: "even", SLO_ORACLE: "oracle", OFFLINE_BOUND: "bound"}
 

@@ -42,9 +42,9 @@ import numpy as np
 import pandas as pd
 
 from syncsafe.analysis import stats
-from syncsafe.analysis.envelope import ENVELOPE_KEY, ENVELOPES, draw_scores, seed_envelopes, seed_references
+from syncsafe.analysis.envelope import ENVELOPE_KEY, draw_scores, seed_envelopes, seed_references
 from syncsafe.analysis.multiplicity import gatekept_adjusted, holm_adjusted
-from syncsafe.analysis.runs_table import FIXED_H, LATENCY_COLUMNS, MATCHED_RANDOM, NO_SYNC, RunsTable, is_controller
+from syncsafe.analysis.runs_table import FIXED_H, LATENCY_COLUMNS, MATCHED_RANDOM_FREE, NO_SYNC, RunsTable, is_controller
 from syncsafe.analysis.sync_excess import no_sync_baseline, with_sync_excess
 
 ROLES = {NO_SYNC: "baseline", FIXED_H: "fixed cadence"}
@@ -105,9 +105,9 @@ def seed_scores(table: RunsTable, baseline: pd.DataFrame, draws: pd.DataFrame) -
     """
     runs = _runs_per_seed(table)
     scored = with_sync_excess(runs, baseline).drop(columns="slo_violation_rate")
-    for policy, prefix in ENVELOPES.items():
-        scored = scored.merge(seed_envelopes(draw_scores(table, baseline, policy) if policy != MATCHED_RANDOM
-                                             else draws, prefix), on=ENVELOPE_KEY, how="left")
+    free_draws = draw_scores(table, baseline, MATCHED_RANDOM_FREE)
+    scored = scored.merge(seed_envelopes(draws, "mr"), on=ENVELOPE_KEY, how="left")
+    scored = scored.merge(seed_envelopes(free_draws, "mrf"), on=ENVELOPE_KEY, how="left")
     scored = scored.merge(seed_references(table, baseline), on=ENVELOPE_KEY, how="left")
     scored["delta_vs_mr_pct"] = scored["sync_excess_pct"] - scored["mr_sync_excess_pct_mean"]
     controller = scored["policy"].map(is_controller).to_numpy(dtype=bool)
