@@ -23,7 +23,7 @@ Per regime, pooled over the replayed seeds (all ratios of p95 E2E):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -138,33 +138,27 @@ def bootstrap_lower_bound(active: PairedRows, drift: PairedRows, seed: int = 0,
 
 def sync_ratio_unpaired(records: Sequence[ReplayRecord]) -> float | None:
     """p95 E2E of merge-active / merge-inactive requests (their own flag), pooled over the replays with merges."""
-    active, inactive = [], []
-    for rec in records:
-        if not rec.has_merges or rec.is_no_sync:
-            continue
-        r = rec.results
-        ok, flag = ok_mask(r), r["merge_active"].to_numpy(dtype=bool)
-        e2e = r["e2e_ms"].to_numpy(dtype=float)
-        active.append(e2e[ok & flag])
-        inactive.append(e2e[ok & ~flag])
-    if not active:
-        return None
-    return p95_ratio(np.concatenate(active), np.concatenate(inactive))
+    with_merges = [rec.results for rec in records if rec.has_merges and not rec.is_no_sync]
+    return _pooled_p95_ratio(with_merges, lambda r: r["merge_active"].to_numpy(dtype=bool))
 
 
 def pressure_ratio(records: Sequence[ReplayRecord], high_pressure: float) -> float | None:
     """p95 E2E at inference pressure >= `high_pressure` / below it, pooled over the first no-sync replays."""
-    high, low = [], []
-    for rec in no_sync_records(records).values():
-        r = rec.results
-        ok = ok_mask(r)
-        hp = r["inference_pressure"].to_numpy(dtype=float) >= high_pressure
-        e2e = r["e2e_ms"].to_numpy(dtype=float)
-        high.append(e2e[ok & hp])
-        low.append(e2e[ok & ~hp])
-    if not high:
+    no_sync = [rec.results for rec in no_sync_records(records).values()]
+    return _pooled_p95_ratio(no_sync, lambda r: r["inference_pressure"].to_numpy(dtype=float) >= high_pressure)
+
+
+def _pooled_p95_ratio(tables: Sequence[pd.DataFrame], split: Callable[[pd.DataFrame], np.ndarray]) -> float | None:
+    """p95 E2E of the ok requests where `split` holds / where it does not, pooled over `tables` (None: no tables)."""
+    if not tables:
         return None
-    return p95_ratio(np.concatenate(high), np.concatenate(low))
+    inside, outside = [], []
+    for r in tables:
+        ok, mask = ok_mask(r), split(r)
+        e2e = r["e2e_ms"].to_numpy(dtype=float)
+        inside.append(e2e[ok & mask])
+        outside.append(e2e[ok & ~mask])
+    return p95_ratio(np.concatenate(inside), np.concatenate(outside))
 
 
 def regime_mechanism(records: Sequence[ReplayRecord], high_pressure: float, *, block_s: float = BLOCK_S,
