@@ -90,12 +90,11 @@ class ActionSpace:
     def feasible_totals(self, n: int) -> range:
         """Feasible cycle totals K = k_1 + ... + k_n of n merges (empty when n merges cannot happen)."""
         c, w, d, r = self.cycle_s, self.window_s, self.duration_s, self.max_cycles
-        # last fits: K*c + n*w <= d; no forced merge after: (K + r)*c + (n + 1)*w > d
-        hi = math.floor((d - n * w) / c + EPS) if n > 0 else 0
-        lo = max(n, math.floor((d - (n + 1) * w) / c - r + EPS) + 1)
-        hi = min(hi, n * r)
-        if n == 0:
+        if n == 0:  # no merge at all: only if even the first forced merge would not fit
             return range(0, 1) if r * c + w > d + EPS else range(0)
+        # last fits: K*c + n*w <= d; no forced merge after: (K + r)*c + (n + 1)*w > d; each gap 1..r
+        hi = min(math.floor((d - n * w) / c + EPS), n * r)
+        lo = max(n, math.floor((d - (n + 1) * w) / c - r + EPS) + 1)
         return range(lo, hi + 1)
 
     def contains(self, starts: list[float]) -> bool:
