@@ -90,12 +90,13 @@ def assign_tiers(
     alpha: float = DEFAULT_ALPHA,
 ) -> pd.DataFrame:
     """`policies` with ``tier``, ``tier_rank``, ``reason`` and ``calibration`` columns added."""
-    verdicts = [assign_verdict(row, mechanism, fidelity=fidelity, alpha=alpha) for row in policies.to_dict("records")]
+    rows = policies.to_dict("records")
+    verdicts = [assign_verdict(row, mechanism, fidelity=fidelity, alpha=alpha) for row in rows]
     return policies.assign(
         tier=[str(v.tier) for v in verdicts],
         tier_rank=[v.tier.rank for v in verdicts],
         reason=[v.reason for v in verdicts],
-        calibration=[calibration_status(row, fidelity) for row in policies.to_dict("records")],
+        calibration=[calibration_status(row, fidelity) for row in rows],
     )
 
 
