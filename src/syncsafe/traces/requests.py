@@ -12,9 +12,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from syncsafe.artifacts.traces import REQUEST_COLUMNS
 from syncsafe.config import RequestShape
 
-REQUEST_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
+__all__ = ["REQUEST_COLUMNS", "generate_requests"]
 
 
 def generate_requests(

@@ -4,6 +4,7 @@ Synthetic regimes are generated; `kind: trace` regimes are cut from a recorded
 trace (`syncsafe.traces.trace_regime`) and also get `trace.json` per seed
 (segment bounds, token limit, number of requests clipped). Every seed is
 computed before the first file is written, so a bad trace writes nothing.
+Where the files live and how they are read: `syncsafe.artifacts.traces`.
 """
 
 from __future__ import annotations
@@ -12,25 +13,23 @@ from pathlib import Path
 
 import pandas as pd
 
-from syncsafe import io
+from syncsafe.artifacts import layout
+from syncsafe.artifacts.layout import trace_dir
+from syncsafe.artifacts.traces import read_timeline, write_trace_set
 from syncsafe.config import Params, TraceRegime
 from syncsafe.traces.requests import generate_requests
 from syncsafe.traces.timeline import generate_timeline, regime_rng
 from syncsafe.traces.trace_regime import build_trace_sets
 
 #: Per-seed description of a trace regime's segment (beside timeline.parquet).
-TRACE_INFO = "trace.json"
+TRACE_INFO = layout.TRACE_INFO_FILE
 
-
-def trace_dir(root: Path, regime: str, seed: int) -> Path:
-    return Path(root) / "data" / "traces" / regime / f"seed-{seed}"
+__all__ = ["TRACE_INFO", "build_traces", "load_timeline", "trace_dir"]
 
 
 def load_timeline(root: Path, regime: str, seed: int) -> pd.DataFrame:
-    path = trace_dir(root, regime, seed) / "timeline.parquet"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no timeline; run the traces stage for regime {regime!r} first")
-    return pd.read_parquet(path)
+    """The load timeline of one regime and seed (`syncsafe.artifacts.traces.read_timeline`)."""
+    return read_timeline(root, regime, seed)
 
 
 def build_traces(params: Params, regime: str, root: Path = Path(".")) -> list[Path]:
@@ -40,14 +39,10 @@ def build_traces(params: Params, regime: str, root: Path = Path(".")) -> list[Pa
     written = []
     if isinstance(cfg, TraceRegime):
         for seed, cut in build_trace_sets(params, regime).items():
-            out = trace_dir(root, regime, seed)
-            written += [io.write_parquet(out / "timeline.parquet", cut.timeline),
-                        io.write_parquet(out / "requests.parquet", cut.requests),
-                        io.write_json(out / TRACE_INFO, cut.info)]
+            written += write_trace_set(root, regime, seed, cut.timeline, cut.requests, cut.info)
         return written
     for seed in params.seeds:
         timeline = generate_timeline(regime, cfg, step, seed)
         requests = generate_requests(timeline, params.traces.requests, step, regime_rng(regime, seed, "requests"))
-        out = trace_dir(root, regime, seed)
-        written += [io.write_parquet(out / "timeline.parquet", timeline), io.write_parquet(out / "requests.parquet", requests)]
+        written += write_trace_set(root, regime, seed, timeline, requests)
     return written

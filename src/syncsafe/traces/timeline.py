@@ -15,16 +15,8 @@ import zlib
 import numpy as np
 import pandas as pd
 
+from syncsafe.artifacts.traces import TIMELINE_COLUMNS  # noqa: F401 (re-exported: the timeline contract)
 from syncsafe.config import BurstyRegime, PressureHeavyRegime, SteadyRegime, TraceRegime
-
-TIMELINE_COLUMNS = (
-    "t_s",
-    "busy",
-    "arrival_rate",
-    "inference_pressure",
-    "network_pressure",
-    "checkpoint_pressure",
-)
 
 RegimeConfig = BurstyRegime | SteadyRegime | PressureHeavyRegime
 
