@@ -1,11 +1,13 @@
 """MLflow tracking of every stage, seed and artifact, and the policy x seed compare table.
 
-A stage writes its files first and then hands a description of what it wrote
-to :func:`track_stage` (or, when it wants system metrics sampled while it
-works, wraps its work in :func:`stage_run`). Tracking never loses results:
-when the store cannot be reached the stage's files are already complete and
-tracking only warns (:class:`TrackingWarning`, one line naming the store),
-unless strict mode is on, in which case it raises :class:`TrackingError`.
+A stage runs inside :func:`tracked_stage`: the stage run starts on entry
+(system metrics sampled from then on, if asked), and when the stage's entry
+function returns, the stage's collector (:mod:`syncsafe.tracking.collectors`)
+reads what it wrote through :mod:`syncsafe.artifacts` and logs one nested item
+run per regime x policy x seed x draw. Tracking never loses results: when the
+store cannot be reached the stage's files are already complete and tracking
+only warns (:class:`TrackingWarning`, one line naming the store), unless
+strict mode is on, in which case it raises :class:`TrackingError`.
 
 Store
     ``MLFLOW_TRACKING_URI`` when set, else ``sqlite:///<root>/mlflow.db``. For a
@@ -83,7 +85,9 @@ from syncsafe.tracking.settings import (
     tracking_enabled,
     tracking_uri,
 )
-from syncsafe.tracking.stage import StageRecord, StageTracker, TrackedRun, stage_run, track_stage
+from syncsafe.tracking.collectors import COLLECTORS, SECTIONS
+from syncsafe.tracking.records import Collected, StageRecord, TrackedRun
+from syncsafe.tracking.stage import StageHandle, stage_run, track_stage, tracked_stage
 
 __all__ = [
     "DEFAULT_EXPERIMENT",
@@ -92,8 +96,11 @@ __all__ = [
     "TAG_DVC_STAGE",
     "TAG_KIND",
     "TAG_PIPELINE",
+    "COLLECTORS",
+    "Collected",
+    "SECTIONS",
+    "StageHandle",
     "StageRecord",
-    "StageTracker",
     "TrackedRun",
     "TrackingError",
     "TrackingWarning",
@@ -113,6 +120,7 @@ __all__ = [
     "stage_run",
     "strict_from_env",
     "track_stage",
+    "tracked_stage",
     "tracking_enabled",
     "tracking_uri",
 ]

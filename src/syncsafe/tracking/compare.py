@@ -15,11 +15,12 @@ from syncsafe.tracking.settings import (
     TAG_PIPELINE,
     TrackingError,
     experiment_name,
+    one_line,
+    preflight,
     redact,
     sqlite_path,
     tracking_uri,
 )
-from syncsafe.tracking.stage import _one_line, _preflight
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -42,7 +43,7 @@ def search_item_runs(
     try:
         import mlflow
 
-        _preflight(uri)
+        preflight(uri)
         exp = mlflow.MlflowClient(tracking_uri=uri).get_experiment_by_name(experiment)
         if exp is None:
             raise ValueError(f"no experiment {experiment!r} in {redact(uri)}: nothing tracked yet")
@@ -57,7 +58,7 @@ def search_item_runs(
     except (ValueError, FileNotFoundError, TrackingError):
         raise
     except Exception as err:  # noqa: BLE001
-        raise TrackingError(f"could not read runs from {redact(uri)}: {_one_line(err)}") from err
+        raise TrackingError(f"could not read runs from {redact(uri)}: {one_line(err)}") from err
 
 
 def _quote(value: str) -> str:

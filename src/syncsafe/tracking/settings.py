@@ -7,6 +7,7 @@ import json
 import os
 import re
 import socket
+import sqlite3
 import subprocess
 import time
 from collections.abc import Iterable, Mapping
@@ -102,6 +103,25 @@ def artifact_location(uri: str, root: str | os.PathLike[str] = ".", experiment: 
     else:
         return None
     return (base / _safe_name(experiment)).as_uri()
+
+
+def preflight(uri: str) -> None:
+    """Fail fast on a SQLite file that cannot be opened (MLflow would retry for ~100 s)."""
+    db = sqlite_path(uri)
+    if db is None:
+        return
+    db.parent.mkdir(parents=True, exist_ok=True)
+    con = sqlite3.connect(str(db), timeout=5)
+    try:
+        con.execute("PRAGMA schema_version").fetchone()
+    finally:
+        con.close()
+
+
+def one_line(err: BaseException) -> str:
+    """An error as one line of at most ~300 characters, its type first."""
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text[:300]}{'...' if len(text) > 300 else ''}"
 
 
 def redact(uri: str) -> str:

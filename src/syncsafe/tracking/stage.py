@@ -1,30 +1,45 @@
-"""Logging a stage: the pipeline parent run, the stage run and its item runs."""
+"""The generic tracking step around a stage: :func:`tracked_stage`.
+
+::
+
+    with tracked_stage("schedules", root=root, params=p, regime="bursty") as stage:
+        build_schedules(p, "bursty", root)      # the stage writes its files
+    # stage.record: the StageRecord (None when tracking is off or failed)
+
+On entry the pipeline parent run is found (or created) and the stage run is
+started under it as an MLflow nested run (tag ``mlflow.parentRunId``). When
+the body returns, the collector registered for the stage
+(:data:`syncsafe.tracking.collectors.COLLECTORS`) reads what the stage wrote
+and one nested item run per regime x policy x seed x draw is logged under the
+stage run, with the handle's extras (:meth:`StageHandle.add`,
+:meth:`StageHandle.log_metric`, :meth:`StageHandle.log_artifact`). If the body
+raises, the stage and pipeline runs end FAILED and the exception propagates.
+
+Every MLflow call on a SQLite store goes through
+:class:`~syncsafe.tracking.store_lock.LockedClient` (one writer at a time,
+busy retries), and finding or creating the pipeline parent runs under the
+same lock, so parallel stage processes of one pipeline meet one parent.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import getpass
 import hashlib
-import math
 import os
 import posixpath
 import re
-import sqlite3
-import sys
 import tempfile
 import time
 import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from syncsafe.tracking.records import Collected, StageRecord, TrackedRun, tag_value
 from syncsafe.tracking.settings import (
-    ARTIFACTS_DIR,
     _MAX_KEY,
-    _MAX_METRICS,
-    _MAX_PARAMS,
-    _MAX_TAG_VALUE,
     _ON,
     RUN_TAGS,
     TAG_DVC_STAGE,
@@ -32,120 +47,141 @@ from syncsafe.tracking.settings import (
     TAG_PIPELINE,
     TrackingError,
     TrackingWarning,
-    _safe_name,
     artifact_location,
     dvc_lock_md5,
     experiment_name,
     flatten_params,
     git_commit,
+    one_line,
     pipeline_run_id,
+    preflight,
     redact,
-    sqlite_path,
+    section_params,
     strict_from_env,
     tracking_enabled,
     tracking_uri,
 )
-from syncsafe.tracking.store_lock import LockedClient, file_lock
-
-if TYPE_CHECKING:  # pragma: no cover
-    from mlflow import MlflowClient
-
-# --------------------------------------------------------------------------- what a stage hands over
-
+from syncsafe.tracking.store_lock import LockedClient, call_locked, file_lock, store_lock_path
 
 @dataclass
-class TrackedRun:
-    """One item run: a regime x policy x seed x draw result the stage has written to disk.
+class StageHandle:
+    """What the body of :func:`tracked_stage` may add to the stage's runs (all optional)."""
 
-    ``metrics`` are scalars (logged at step 0); ``series`` are curves, name ->
-    ``[(step, value), ...]`` (a loss curve). ``artifacts`` are files or folders
-    already on disk, logged under their own names. ``params`` add to (and
-    override) the stage's params.yaml section; ``tags`` add extra tags (the
-    standard ones always win).
+    stage: str
+    runs: list[TrackedRun] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+    artifacts: list[Path] = field(default_factory=list)
+    #: Set on a successful exit; None when tracking is off or failed.
+    record: StageRecord | None = None
+
+    def add(self, run: TrackedRun) -> None:
+        """An item run beside the collector's."""
+        self.runs.append(run)
+
+    def extend(self, runs: Iterable[TrackedRun]) -> None:
+        self.runs.extend(runs)
+
+    def log_metric(self, key: str, value: float) -> None:
+        """A stage-level scalar."""
+        self.metrics[key] = float(value)
+
+    def log_artifact(self, path: str | os.PathLike[str]) -> None:
+        """A stage-level file or folder (logged when the stage ends; it must exist then)."""
+        self.artifacts.append(Path(path))
+
+
+@contextlib.contextmanager
+def tracked_stage(
+    stage: str,
+    *,
+    root: str | os.PathLike[str] = ".",
+    params: Any = None,
+    regime: str | None = None,
+    sections: Sequence[str] | None = None,
+    system_metrics: bool | None = False,
+    strict: bool | None = None,
+    experiment: str | None = None,
+    collect: bool = True,
+) -> Iterator[StageHandle]:
+    """Track one stage around its work; see the module docstring.
+
+    ``params`` is the loaded params (:class:`syncsafe.config.Params`, or a
+    mapping); ``sections`` the params keys logged as the stage run's params
+    (``"{regime}"`` is formatted; None: the stage's default list in
+    :mod:`syncsafe.tracking.collectors`). ``system_metrics=None`` follows
+    ``MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING``. ``collect=False`` logs only what
+    the body adds. In strict mode an unreachable store raises
+    :class:`TrackingError` on entry, before the body runs.
     """
+    handle = StageHandle(stage)
+    if not tracking_enabled():
+        yield handle
+        return
+    from syncsafe.tracking.collectors import collect_stage, stage_sections
 
-    regime: str = ""
-    policy: str = ""
-    seed: int | str | None = None
-    draw: int | str | None = None
-    matched_to: str | None = ""
-    backend: str = ""
-    params: Mapping[str, Any] = field(default_factory=dict)
-    metrics: Mapping[str, float | int | None] = field(default_factory=dict)
-    series: Mapping[str, Sequence[tuple[int, float]]] = field(default_factory=dict)
-    artifacts: Sequence[str | os.PathLike[str]] = ()
-    tags: Mapping[str, str] = field(default_factory=dict)
-    name: str | None = None
-    status: str = "FINISHED"
-    #: Wall-clock start/end (epoch seconds) if the stage measured them; else the time of logging.
-    started: float | None = None
-    ended: float | None = None
-
-    def run_name(self) -> str:
-        if self.name:
-            return self.name
-        parts = [self.regime, self.policy]
-        if self.matched_to:
-            parts.append(f"to-{self.matched_to}")
-        if self.backend:
-            parts.append(self.backend)
-        seed, draw = _tag(self.seed), _tag(self.draw)
-        if seed:
-            parts.append(f"s{seed}")
-        if draw:
-            parts.append(f"d{int(draw):03d}" if draw.isdigit() else f"d{draw}")
-        return "/".join(p for p in parts if p) or "run"
+    if system_metrics is None:
+        system_metrics = os.environ.get("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", "").strip().lower() in _ON
+    strict = strict_from_env() if strict is None else strict
+    session = _Session(stage, Path(root), regime or "", strict, experiment or experiment_name())
+    try:
+        keys = stage_sections(stage) if sections is None else list(sections)
+        values = section_params(params, [k.format(regime=regime) for k in keys]) if params is not None else {}
+        profile = str(getattr(params, "profile", "") or "")
+        session.open(flatten_params(values), profile, bool(system_metrics))
+    except Exception as err:  # noqa: BLE001 - any store failure, by policy
+        session.fail("could not start tracking", err)
+        yield handle
+        return
+    try:
+        yield handle
+    except BaseException:
+        session.end_failed()
+        raise
+    try:
+        collected = collect_stage(stage, Path(root), params, regime) if collect else Collected()
+        handle.record = session.finish(handle, collected)
+    except Exception as err:  # noqa: BLE001
+        session.end_incomplete()
+        session.fail(f"logged {len(session.done)} item runs, then failed", err)
 
 
-@dataclass(frozen=True)
-class StageRecord:
-    """What one tracked stage left in the store."""
+class _Session:
+    """The MLflow runs of one stage process: the pipeline parent, the stage run and its item runs."""
 
-    uri: str
-    experiment_id: str
-    pipeline_run_id: str
-    parent_run_id: str
-    stage_run_id: str
-    run_ids: tuple[str, ...]
+    def __init__(self, stage: str, root: Path, regime: str, strict: bool, experiment: str) -> None:
+        self.stage, self.root, self.regime, self.strict, self.experiment = stage, root, regime, strict, experiment
+        self.uri = tracking_uri(root)
+        self.client: Any = None
+        self.params: dict[str, str] = {}
+        self.common: dict[str, str] = {}
+        self.parent = self.stage_id = self.pipeline = self.experiment_id = ""
+        self.monitor: Any = None
+        self.done: list[str] = []
 
+    # ----------------------------------------------------------------- start
 
-def _tag(value: Any) -> str:
-    """A tag value: None, NaN and pandas' NA are empty; integral floats (a seed read back
-    from a DataFrame) print as integers."""
-    if value is None or type(value).__name__ in ("NAType", "NaTType"):
-        return ""
-    if type(value).__name__ in ("bool", "bool_"):
-        return str(bool(value))
-    if isinstance(value, float) or type(value).__module__ == "numpy":
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            return str(value)[:_MAX_TAG_VALUE]
-        if math.isnan(number):
-            return ""
-        if number.is_integer() and not isinstance(value, bool):
-            return str(int(number))
-    return str(value)[:_MAX_TAG_VALUE]
-
-
-# --------------------------------------------------------------------------- the store
-
-
-class _Store:
-    """An MlflowClient bound to one URI and the pipeline's experiment.
-
-    On a SQLite store every client call holds the store's lock file and is
-    retried while the database is locked (:mod:`syncsafe.tracking.store_lock`),
-    so parallel stage processes on one machine lose no run.
-    """
-
-    def __init__(self, uri: str, root: Path, experiment: str) -> None:
-        self.uri = uri
-        self.root = root
-        self.experiment = experiment
-        _preflight(uri)
-        self.client: MlflowClient = LockedClient(uri)  # type: ignore[assignment] - same methods
+    def open(self, params: dict[str, str], profile: str, system_metrics: bool) -> None:
+        preflight(self.uri)  # an unopenable SQLite file fails now, not after MLflow's retries
+        self.client = LockedClient(self.uri)
         self.experiment_id = self._experiment_id()
+        self.params = params
+        self.pipeline = pipeline_run_id()
+        commit = git_commit(self.root)
+        self.common = {"profile": profile, "git_commit": commit, "dvc_lock_md5": dvc_lock_md5(self.root),
+                       TAG_PIPELINE: self.pipeline}  # fmt: skip
+        if commit:
+            self.common["mlflow.source.git.commit"] = commit
+        with contextlib.suppress(Exception):
+            self.common["mlflow.user"] = getpass.getuser()
+        self.parent = self._pipeline_parent()
+        self.client.update_run(self.parent, status="RUNNING")
+        dvc_stage = os.environ.get("DVC_STAGE", "")
+        tags = {**self.common, "stage": self.stage, "regime": self.regime, TAG_KIND: "stage", TAG_DVC_STAGE: dvc_stage}
+        name = dvc_stage or (f"{self.stage}@{self.regime}" if self.regime else self.stage)
+        self.stage_id = self._start(self.parent, name, tags)
+        self._log(self.stage_id, params=self.params)
+        if system_metrics:
+            self._start_monitor()
 
     def _experiment_id(self) -> str:
         from mlflow.exceptions import MlflowException
@@ -169,122 +205,151 @@ class _Store:
             )
         return exp.experiment_id
 
-    # ----------------------------------------------------------------- pipeline parent
+    def _pipeline_parent(self) -> str:
+        """The run tagged ``syncsafe.pipeline_run_id=<id>, syncsafe.run_kind=pipeline``, created if none.
 
-    def parent_run(self, pipeline_id: str, tags: Mapping[str, str]) -> str:
-        """Find or create the pipeline run tagged ``syncsafe.pipeline_run_id=<pipeline_id>``.
-
-        Creation is serialized by a lock file per store on this host; across
-        hosts every process converges on the earliest such run (later
-        duplicates delete themselves).
+        Find-or-create is one step under the store's lock (a SQLite file) or a
+        lock file per store on this host (any other store).
         """
-        with _host_lock(self.uri, self.experiment):
-            found = self._parents(pipeline_id)
-            if found:
-                return found[0]
-            run = self.client.create_run(
-                self.experiment_id,
-                start_time=_now_ms(),
-                tags={**tags, TAG_KIND: "pipeline", TAG_PIPELINE: pipeline_id},
-                run_name=f"pipeline {pipeline_id}",
-            )
-            mine = run.info.run_id
-            found = self._parents(pipeline_id)
-            chosen = found[0] if found else mine
-            if chosen != mine:
-                self.client.delete_run(mine)
-            return chosen
+        raw = self.client.client
+        where = f"tags.`{TAG_PIPELINE}` = '{self.pipeline}' and tags.`{TAG_KIND}` = 'pipeline'"
 
-    def _parents(self, pipeline_id: str) -> list[str]:
-        runs = self.client.search_runs(
-            [self.experiment_id],
-            filter_string=f"tags.`{TAG_PIPELINE}` = '{pipeline_id}' and tags.`{TAG_KIND}` = 'pipeline'",
-            max_results=50,
+        def find_or_create() -> str:
+            found = raw.search_runs([self.experiment_id], filter_string=where, max_results=1,
+                                    order_by=["attributes.start_time ASC"])  # fmt: skip
+            if found:
+                return found[0].info.run_id
+            tags = {**dict.fromkeys(RUN_TAGS, ""), **self.common, TAG_KIND: "pipeline"}
+            return raw.create_run(self.experiment_id, tags=tags, run_name=f"pipeline {self.pipeline}").info.run_id
+
+        if store_lock_path(self.uri) is not None:
+            return call_locked(self.uri, find_or_create)
+        digest = hashlib.sha1(f"{self.uri}\0{self.experiment}".encode()).hexdigest()[:16]
+        with file_lock(Path(tempfile.gettempdir()) / f"syncsafe-mlflow-{digest}.lock", timeout_s=60):
+            return find_or_create()
+
+    # ----------------------------------------------------------------- end
+
+    def finish(self, handle: StageHandle, collected: Collected) -> StageRecord:
+        """Log the item runs, the stage's extras, and end the stage and parent runs FINISHED."""
+        runs = [*collected.runs, *handle.runs]
+        stage_files = self._existing([*map(Path, collected.artifacts), *handle.artifacts])
+        items = [(run, self._existing(map(Path, run.artifacts))) for run in runs]
+        for run, files in items:
+            self.done.append(self._log_item(run, files))
+        self._log(self.stage_id, metrics={**collected.metrics, **handle.metrics})
+        self._log_artifacts(self.stage_id, stage_files)
+        self._stop_monitor()
+        self.client.set_terminated(self.stage_id, "FINISHED")
+        self.client.set_terminated(self.parent, "FINISHED")
+        return StageRecord(self.uri, self.experiment_id, self.pipeline, self.parent, self.stage_id, tuple(self.done))
+
+    def end_failed(self) -> None:
+        self._stop_monitor()
+        with contextlib.suppress(Exception):
+            self.client.set_terminated(self.stage_id, "FAILED")
+            self.client.set_terminated(self.parent, "FAILED")
+
+    def end_incomplete(self) -> None:
+        self._stop_monitor()
+        with contextlib.suppress(Exception):
+            self.client.set_tag(self.stage_id, "syncsafe.tracking_incomplete", "true")
+            self.client.set_terminated(self.stage_id, "FAILED")
+
+    def fail(self, what: str, err: BaseException) -> None:
+        """A store failure: a TrackingError in strict mode, else one TrackingWarning."""
+        if isinstance(err, TrackingError) and self.strict:
+            raise err
+        msg = f"syncsafe tracking: stage {self.stage!r}: {what} at {redact(self.uri)}: {one_line(err)}"
+        if self.strict:
+            raise TrackingError(msg) from err
+        warnings.warn(
+            f"{msg}; the stage's files on disk are complete "
+            "(SYNCSAFE_TRACKING_STRICT=1 makes this an error, SYNCSAFE_TRACKING=off skips tracking)",
+            TrackingWarning,
+            stacklevel=4,
         )
-        runs = sorted(runs, key=lambda r: (r.info.start_time or 0, r.info.run_id))
-        return [r.info.run_id for r in runs]
 
     # ----------------------------------------------------------------- runs
 
-    def start_run(self, parent: str, name: str, tags: Mapping[str, str], started: float | None = None) -> Any:
+    def _start(self, parent: str, name: str, tags: Mapping[str, str]) -> str:
         from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
-        return self.client.create_run(
-            self.experiment_id,
-            start_time=_now_ms() if started is None else int(started * 1000),
-            tags={**tags, MLFLOW_PARENT_RUN_ID: parent},
-            run_name=name,
-        )
+        tags = {**dict.fromkeys(RUN_TAGS, ""), **tags, MLFLOW_PARENT_RUN_ID: parent}
+        return self.client.create_run(self.experiment_id, tags=tags, run_name=name).info.run_id
 
-    def log(
+    def _log_item(self, run: TrackedRun, files: list[Path]) -> str:
+        tags = {
+            **{str(k): tag_value(v) for k, v in run.tags.items()},
+            **self.common,
+            "stage": self.stage,
+            "regime": run.regime or self.regime,
+            "policy": run.policy,
+            "seed": tag_value(run.seed),
+            "draw": tag_value(run.draw),
+            "matched_to": tag_value(run.matched_to),
+            "backend": run.backend,
+            TAG_KIND: "item",
+        }
+        run_id = self._start(self.stage_id, run.run_name(), tags)
+        self._log(run_id, params={**self.params, **flatten_params(run.params)}, metrics=run.metrics, series=run.series)
+        self._log_artifacts(run_id, files)
+        self.client.set_terminated(run_id, run.status)
+        return run_id
+
+    def _log(
         self,
         run_id: str,
         params: Mapping[str, str] | None = None,
         metrics: Mapping[str, Any] | None = None,
         series: Mapping[str, Sequence[tuple[int, float]]] | None = None,
     ) -> None:
-        """log_batch in chunks within MLflow's per-request limits."""
+        """One ``log_batch`` (MLflow splits it within its per-request limits)."""
         from mlflow.entities import Metric, Param
 
-        ts = _now_ms()
+        ts = int(time.time() * 1000)
         ps = [Param(k, v) for k, v in {_key(k): v for k, v in (params or {}).items()}.items()]
         ms = [Metric(_key(k), float(v), ts, 0) for k, v in (metrics or {}).items() if v is not None]
         for k, points in (series or {}).items():
-            key = _key(k)
-            ms.extend(Metric(key, float(v), ts, int(step)) for step, v in points if v is not None)
-        while ps or ms:
-            chunk_p, ps = ps[:_MAX_PARAMS], ps[_MAX_PARAMS:]
-            chunk_m, ms = ms[: _MAX_METRICS - len(chunk_p)], ms[_MAX_METRICS - len(chunk_p) :]
-            self.client.log_batch(run_id, metrics=chunk_m, params=chunk_p, synchronous=True)
+            ms.extend(Metric(_key(k), float(v), ts, int(step)) for step, v in points if v is not None)
+        if ps or ms:
+            self.client.log_batch(run_id, metrics=ms, params=ps, synchronous=True)
 
-    def log_artifacts(self, run: Any, paths: Sequence[Path]) -> None:
-        if not paths:
-            return
-        from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
-
-        repo = get_artifact_repository(run.info.artifact_uri, tracking_uri=self.uri)
+    def _log_artifacts(self, run_id: str, paths: Sequence[Path]) -> None:
         for path in paths:
             if path.is_dir():
-                repo.log_artifacts(str(path), artifact_path=path.name)
+                self.client.log_artifacts(run_id, str(path), artifact_path=path.name)
             else:
-                repo.log_artifact(str(path))
+                self.client.log_artifact(run_id, str(path))
 
-    def end(self, run_id: str, status: str = "FINISHED", ended: float | None = None) -> None:
-        self.client.set_terminated(run_id, status, end_time=None if ended is None else int(ended * 1000))
+    def _existing(self, paths: Iterable[Path]) -> list[Path]:
+        """The paths that exist; a missing one warns (strict: raises) and is skipped."""
+        out = []
+        for path in paths:
+            if path.exists():
+                out.append(path)
+                continue
+            msg = f"syncsafe tracking: stage {self.stage!r}: artifact {path} does not exist; not logged"
+            if self.strict:
+                raise TrackingError(msg)
+            warnings.warn(msg, TrackingWarning, stacklevel=5)
+        return out
 
+    def _start_monitor(self) -> None:
+        try:
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
-def _preflight(uri: str) -> None:
-    """Fail fast on a SQLite file that cannot be opened (MLflow would retry for ~100 s)."""
-    db = sqlite_path(uri)
-    if db is None:
-        return
-    db.parent.mkdir(parents=True, exist_ok=True)
-    con = sqlite3.connect(str(db), timeout=5)
-    try:
-        con.execute("PRAGMA schema_version").fetchone()
-    finally:
-        con.close()
+            self.monitor = SystemMetricsMonitor(self.stage_id, sampling_interval=2.0, tracking_uri=self.uri)
+            self.monitor.start()
+        except Exception as err:  # noqa: BLE001 - psutil/pynvml problems must not stop a stage
+            self.monitor = None
+            warnings.warn(f"syncsafe tracking: system metrics off: {one_line(err)}", TrackingWarning, stacklevel=4)
 
-
-@contextlib.contextmanager
-def _host_lock(uri: str, experiment: str, timeout_s: float = 60.0) -> Iterator[None]:
-    """An advisory lock file, one per store and experiment; no-op where unavailable.
-
-    For a SQLite store it lies in the artifact folder beside the database
-    (``mlartifacts/.<experiment>.lock``), else in the temp dir.
-    """
-    db = sqlite_path(uri)
-    if db is not None:
-        path = db.resolve().parent / ARTIFACTS_DIR / f".{_safe_name(experiment)}.lock"
-    else:
-        digest = hashlib.sha1(f"{uri}\0{experiment}".encode()).hexdigest()[:16]
-        path = Path(tempfile.gettempdir()) / f"syncsafe-mlflow-{digest}.lock"
-    with file_lock(path, timeout_s):  # a holder stuck on a dead store must not block this stage for ever
-        yield
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
+    def _stop_monitor(self) -> None:
+        if self.monitor is not None:
+            with contextlib.suppress(Exception):
+                self.monitor.finish()
+            self.monitor = None
 
 
 def _key(name: str) -> str:
@@ -297,253 +362,7 @@ def _key(name: str) -> str:
     return key
 
 
-def _one_line(err: BaseException) -> str:
-    text = " ".join(str(err).split())
-    return f"{type(err).__name__}: {text[:300]}{'...' if len(text) > 300 else ''}"
-
-
-def _warn(message: str) -> None:
-    """warnings.warn attributed to the first caller outside this module and contextlib."""
-    skip = (os.path.normcase(__file__), os.path.normcase(contextlib.__file__))
-    frame, level = sys._getframe(1), 2
-    while frame is not None and os.path.normcase(frame.f_code.co_filename) in skip:
-        frame, level = frame.f_back, level + 1
-    warnings.warn(message, TrackingWarning, stacklevel=level)
-
-
-# --------------------------------------------------------------------------- stage tracking
-
-
-class StageTracker:
-    """Collects a stage's item runs and logs them when the stage's files are written.
-
-    Use through :func:`stage_run` (or :func:`track_stage`). ``record`` holds the
-    :class:`StageRecord` after a successful exit, None when tracking is off or failed.
-    """
-
-    def __init__(
-        self,
-        stage: str,
-        *,
-        root: Path,
-        params_section: Mapping[str, Any],
-        profile: str,
-        regime: str,
-        strict: bool,
-        system_metrics: bool,
-        experiment: str,
-    ) -> None:
-        self.stage = stage
-        self.root = root
-        self.params = flatten_params(params_section)
-        self.profile = profile
-        self.regime = regime
-        self.strict = strict
-        self.system_metrics = system_metrics
-        self.experiment = experiment
-        self.runs: list[TrackedRun] = []
-        #: Stage-level scalars and files (a report, a plot, an index), logged on the stage run.
-        self.metrics: dict[str, float] = {}
-        self.artifacts: list[Path] = []
-        self.record: StageRecord | None = None
-        self.uri = tracking_uri(root)
-        self._store: _Store | None = None
-        self._stage_run: Any = None
-        self._parent = ""
-        self._pipeline = ""
-        self._monitor: Any = None
-        self._common: dict[str, str] = {}
-
-    # ----------------------------------------------------------------- public
-
-    def add(self, run: TrackedRun) -> None:
-        self.runs.append(run)
-
-    def extend(self, runs: Iterable[TrackedRun]) -> None:
-        self.runs.extend(runs)
-
-    def log_artifact(self, path: str | os.PathLike[str]) -> None:
-        self.artifacts.append(Path(path))
-
-    @property
-    def active(self) -> bool:
-        return self._stage_run is not None
-
-    # ----------------------------------------------------------------- lifecycle
-
-    def _open(self) -> None:
-        try:
-            self._store = store = _Store(self.uri, self.root, self.experiment)
-            commit = git_commit(self.root)
-            self._pipeline = pipeline_run_id()
-            self._common = {
-                "profile": self.profile,
-                "git_commit": commit,
-                "dvc_lock_md5": dvc_lock_md5(self.root),
-                TAG_PIPELINE: self._pipeline,
-            }
-            if commit:
-                self._common["mlflow.source.git.commit"] = commit
-            with contextlib.suppress(Exception):
-                self._common["mlflow.user"] = getpass.getuser()
-            self._parent = store.parent_run(self._pipeline, {**dict.fromkeys(RUN_TAGS, ""), **self._common})
-            store.client.update_run(self._parent, status="RUNNING")
-            dvc_stage = os.environ.get("DVC_STAGE", "")
-            name = dvc_stage or (f"{self.stage}@{self.regime}" if self.regime else self.stage)
-            tags = {
-                **dict.fromkeys(RUN_TAGS, ""),
-                **self._common,
-                "stage": self.stage,
-                "regime": self.regime,
-                TAG_KIND: "stage",
-                TAG_DVC_STAGE: dvc_stage,
-            }
-            self._stage_run = store.start_run(self._parent, name, tags)
-            store.log(self._stage_run.info.run_id, params=self.params)
-            if self.system_metrics:
-                self._start_monitor()
-        except Exception as err:  # noqa: BLE001 - any store failure, by policy
-            self._stage_run = None
-            self._fail("could not start tracking", err)
-
-    def _close(self, failed: bool) -> None:
-        if self._stage_run is None or self._store is None:
-            return
-        store, stage_id = self._store, self._stage_run.info.run_id
-        self._stop_monitor()
-        if failed:
-            with contextlib.suppress(Exception):
-                store.end(stage_id, "FAILED")
-                store.end(self._parent, "FAILED")
-            return
-        done: list[str] = []
-        try:
-            artifacts = [self._checked(p) for p in self.artifacts]
-            items = [(run, [self._checked(Path(p)) for p in run.artifacts]) for run in self.runs]
-            for run, paths in items:
-                done.append(self._log_item(store, stage_id, run, [p for p in paths if p is not None]))
-            store.log(stage_id, metrics=self.metrics)
-            store.log_artifacts(self._stage_run, [p for p in artifacts if p is not None])
-            store.end(stage_id, "FINISHED")
-            store.end(self._parent, "FINISHED")
-        except Exception as err:  # noqa: BLE001
-            with contextlib.suppress(Exception):
-                store.client.set_tag(stage_id, "syncsafe.tracking_incomplete", "true")
-                store.end(stage_id, "FAILED")
-            self._fail(f"logged {len(done)} of {len(self.runs)} runs, then failed", err)
-            return
-        self.record = StageRecord(
-            uri=self.uri,
-            experiment_id=store.experiment_id,
-            pipeline_run_id=self._pipeline,
-            parent_run_id=self._parent,
-            stage_run_id=stage_id,
-            run_ids=tuple(done),
-        )
-
-    def _log_item(self, store: _Store, stage_id: str, run: TrackedRun, paths: list[Path]) -> str:
-        tags = {
-            **{str(k): _tag(v) for k, v in run.tags.items()},
-            **self._common,
-            "stage": self.stage,
-            "regime": run.regime or self.regime,
-            "policy": run.policy,
-            "seed": _tag(run.seed),
-            "draw": _tag(run.draw),
-            "matched_to": _tag(run.matched_to),
-            "backend": run.backend,
-            TAG_KIND: "item",
-        }
-        created = store.start_run(stage_id, run.run_name(), tags, started=run.started)
-        run_id = created.info.run_id
-        store.log(run_id, params={**self.params, **flatten_params(run.params)}, metrics=run.metrics, series=run.series)
-        store.log_artifacts(created, paths)
-        store.end(run_id, run.status, ended=run.ended)
-        return run_id
-
-    def _checked(self, path: Path) -> Path | None:
-        """The path when it exists; a missing one warns (strict: raises) and is skipped."""
-        if path.exists():
-            return path
-        msg = f"syncsafe tracking: stage {self.stage!r}: artifact {path} does not exist; not logged"
-        if self.strict:
-            raise TrackingError(msg)
-        _warn(msg)
-        return None
-
-    def _start_monitor(self) -> None:
-        try:
-            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
-
-            interval = float(os.environ.get("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL") or 2.0)
-            self._monitor = SystemMetricsMonitor(
-                self._stage_run.info.run_id, sampling_interval=interval, tracking_uri=self.uri
-            )
-            self._monitor.start()
-        except Exception as err:  # noqa: BLE001 - psutil/pynvml problems must not stop a stage
-            self._monitor = None
-            _warn(f"syncsafe tracking: system metrics off: {_one_line(err)}")
-
-    def _stop_monitor(self) -> None:
-        if self._monitor is not None:
-            with contextlib.suppress(Exception):
-                self._monitor.finish()
-            self._monitor = None
-
-    def _fail(self, what: str, err: BaseException) -> None:
-        if isinstance(err, TrackingError) and self.strict:
-            raise err
-        msg = f"syncsafe tracking: stage {self.stage!r}: {what} at {redact(self.uri)}: {_one_line(err)}"
-        if self.strict:
-            raise TrackingError(msg) from err
-        _warn(
-            f"{msg}; the stage's files on disk are complete "
-            "(SYNCSAFE_TRACKING_STRICT=1 makes this an error, SYNCSAFE_TRACKING=off skips tracking)"
-        )
-
-
-@contextlib.contextmanager
-def stage_run(
-    stage: str,
-    *,
-    root: str | os.PathLike[str] = ".",
-    params_section: Mapping[str, Any] | None = None,
-    profile: str = "",
-    regime: str = "",
-    strict: bool | None = None,
-    system_metrics: bool | None = None,
-    experiment: str | None = None,
-) -> Iterator[StageTracker]:
-    """Track a stage around its work: the stage run starts on entry (system metrics
-    are sampled from then on) and the collected item runs are logged on a normal exit.
-
-    ``system_metrics=None`` follows ``MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING``. If the
-    body raises, the stage run is marked FAILED and nothing else is logged.
-    In strict mode an unreachable store raises TrackingError already on entry,
-    before any work is done.
-    """
-    if system_metrics is None:
-        system_metrics = os.environ.get("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", "").strip().lower() in _ON
-    tracker = StageTracker(
-        stage,
-        root=Path(root),
-        params_section=params_section or {},
-        profile=profile,
-        regime=regime,
-        strict=strict_from_env() if strict is None else strict,
-        system_metrics=system_metrics,
-        experiment=experiment or experiment_name(),
-    )
-    if not tracking_enabled():
-        yield tracker
-        return
-    tracker._open()
-    try:
-        yield tracker
-    except BaseException:
-        tracker._close(failed=True)
-        raise
-    tracker._close(failed=False)
+# --------------------------------------------------------------------------- the old entry points
 
 
 def track_stage(
@@ -559,24 +378,37 @@ def track_stage(
     strict: bool | None = None,
     experiment: str | None = None,
 ) -> StageRecord | None:
-    """Log a finished stage: call it AFTER the stage has written its files.
+    """Deprecated: log given item runs of a finished stage (use :func:`tracked_stage`)."""
+    with stage_run(stage, root=root, params_section=params_section, profile=profile, regime=regime,
+                   strict=strict, system_metrics=False, experiment=experiment) as handle:  # fmt: skip
+        handle.extend(runs)
+        handle.metrics.update(metrics or {})
+        handle.artifacts.extend(Path(p) for p in artifacts)
+    return handle.record
 
-    One stage run (params = the flattened ``params_section``, plus stage-level
-    ``metrics`` and ``artifacts``) under the pipeline run, and one nested item
-    run per :class:`TrackedRun`. Returns the :class:`StageRecord`, or None when
-    tracking is off or the store failed (a :class:`TrackingWarning` says why).
-    """
-    with stage_run(
-        stage,
-        root=root,
-        params_section=params_section,
-        profile=profile,
-        regime=regime,
-        strict=strict,
-        system_metrics=False,
-        experiment=experiment,
-    ) as tracker:
-        tracker.extend(runs)
-        tracker.metrics.update(metrics or {})
-        tracker.artifacts.extend(Path(p) for p in artifacts)
-    return tracker.record
+
+def stage_run(
+    stage: str,
+    *,
+    root: str | os.PathLike[str] = ".",
+    params_section: Mapping[str, Any] | None = None,
+    profile: str = "",
+    regime: str = "",
+    strict: bool | None = None,
+    system_metrics: bool | None = None,
+    experiment: str | None = None,
+) -> contextlib.AbstractContextManager[StageHandle]:
+    """Deprecated: :func:`tracked_stage` without a collector, the stage params given as a section."""
+    return tracked_stage(
+        stage, root=root, params=_Params(params_section or {}, profile), regime=regime or None,
+        sections=list(params_section or {}), system_metrics=system_metrics, strict=strict,
+        experiment=experiment, collect=False,
+    )  # fmt: skip
+
+
+class _Params(dict):
+    """A params mapping with a ``profile`` attribute (the old entry points' ``profile=``)."""
+
+    def __init__(self, mapping: Mapping[str, Any], profile: str) -> None:
+        super().__init__(mapping)
+        self.profile = profile

@@ -1,0 +1,205 @@
+"""What each pipeline stage reports to MLflow, read back from the files it wrote.
+
+A collector is ``fn(root, params, regime) -> Collected``: after its stage has
+written its outputs (tracking never holds results the disk does not have) it
+reads them through :mod:`syncsafe.artifacts` and returns the item runs (per
+seed for traces; per regime x policy x seed for training; per schedule, draws
+included, for schedules and replays; per regime x policy for the analysis)
+plus stage-level scalars and files. :data:`COLLECTORS` maps a stage name to
+its collector, :data:`SECTIONS` to the params.yaml keys its stage run logs
+by default (``{regime}`` is formatted).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from syncsafe.artifacts import layout
+from syncsafe.tracking.records import Collected, TrackedRun
+
+Collector = Callable[[Path, Any, "str | None"], Collected]
+
+COLLECTORS: dict[str, Collector] = {}
+SECTIONS: dict[str, list[str]] = {}
+
+
+def register(stage: str, sections: list[str]) -> Callable[[Collector], Collector]:
+    """Register ``fn`` as the collector of ``stage``, whose stage run logs ``sections`` of params.yaml."""
+
+    def add(fn: Collector) -> Collector:
+        COLLECTORS[stage] = fn
+        SECTIONS[stage] = sections
+        return fn
+
+    return add
+
+
+def stage_sections(stage: str) -> list[str]:
+    """The params keys a stage run logs by default (none for a stage without a collector)."""
+    return list(SECTIONS.get(stage, []))
+
+
+def collect_stage(stage: str, root: Path, params: Any, regime: str | None) -> Collected:
+    """What the stage's collector reads from its outputs (nothing for a stage without one)."""
+    fn = COLLECTORS.get(stage)
+    return Collected() if fn is None else fn(Path(root), params, regime)
+
+
+def _na(value: Any) -> Any:
+    return None if pd.isna(value) else value
+
+
+def _scalars(mapping: dict[str, Any]) -> dict[str, float | int]:
+    return {k: v for k, v in mapping.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def _present(paths: list[Path]) -> list[Path]:
+    return [p for p in paths if p.exists()]
+
+
+# --------------------------------------------------------------------------- per stage
+
+
+@register("traces", ["seeds", "traces", "regimes.{regime}"])
+def traces(root: Path, params: Any, regime: str | None) -> Collected:
+    from syncsafe.artifacts.traces import read_requests, read_timeline
+
+    runs = []
+    for seed in params.seeds:
+        timeline = read_timeline(root, regime, seed)
+        runs.append(TrackedRun(regime=regime, seed=seed, metrics={
+            "n_requests": len(read_requests(root, regime, seed)), "busy_fraction": float(timeline["busy"].mean()),
+            "arrival_rate_mean": float(timeline["arrival_rate"].mean()),
+            "inference_pressure_mean": float(timeline["inference_pressure"].mean()),
+        }))  # fmt: skip
+    return Collected(runs)
+
+
+@register("train", ["profile", "seeds", "merge", "control", "train", "regimes.{regime}"])
+def train(root: Path, params: Any, regime: str | None) -> Collected:
+    from syncsafe.artifacts.train_runs import complete_train_runs, read_losses, read_merges, read_timing
+
+    runs = []
+    for run in complete_train_runs(root, regime):
+        if run.policy not in params.control.policies or run.seed not in params.seeds:
+            continue  # an earlier run of a configuration no longer in params
+        losses = read_losses(run.path).groupby("step")["loss"].mean()
+        merges = read_merges(run.path)
+        series = {"train_loss": [(int(s), float(v)) for s, v in losses.items()]}
+        if "eval_loss" in merges:
+            series["merge_eval_loss"] = [(int(r.step), float(r.eval_loss)) for r in merges.itertuples()]
+        metrics = {**run.metrics, **(read_timing(run.path) or {})}  # wall-clock facts, outside the stage outputs
+        runs.append(TrackedRun(
+            regime=run.regime, policy=run.policy, seed=run.seed, metrics=_scalars(metrics), series=series,
+            artifacts=[run.path / layout.SCHEDULE_FILE, run.path / layout.DECISIONS_FILE, run.path / layout.MERGES_FILE],
+        ))  # fmt: skip
+    return Collected(runs)
+
+
+@register("schedules", ["seeds", "merge", "control", "schedules", "regimes.{regime}"])
+def schedules(root: Path, params: Any, regime: str | None) -> Collected:
+    from syncsafe.artifacts.schedule_sets import read_set_index
+    from syncsafe.artifacts.schedules import read_schedule
+    from syncsafe.artifacts.traces import read_timeline
+    from syncsafe.schedules.schedule import LoadIntegral, busy_overlap_fraction
+
+    index = read_set_index(root, regime)
+    loads = {seed: LoadIntegral(read_timeline(root, regime, seed)) for seed in sorted(set(index["seed"].astype(int)))}
+    runs = []
+    for rec in index.itertuples(index=False):
+        path = layout.at(root, rec.path)
+        schedule = read_schedule(path)
+        runs.append(TrackedRun(
+            regime=regime, policy=rec.policy, seed=int(rec.seed), draw=_na(rec.draw), matched_to=_na(rec.matched_to),
+            metrics={"n_merges": schedule.n_merges, "busy_overlap": busy_overlap_fraction(schedule, loads[int(rec.seed)])},
+            tags={"source": rec.source}, artifacts=[path] if rec.source != "matched_random" else [],
+        ))  # fmt: skip
+    return Collected(runs)
+
+
+def _replays(root: Path, backend: str, index: pd.DataFrame, files: tuple[str, ...]) -> list[TrackedRun]:
+    from syncsafe.artifacts.replay_sets import read_summary
+
+    runs = []
+    for rec in index.itertuples(index=False):
+        out = layout.at(root, rec.path)
+        runs.append(TrackedRun(regime=rec.regime, policy=rec.policy, seed=int(rec.seed), draw=_na(rec.draw),
+                               matched_to=_na(rec.matched_to), backend=backend, metrics=_scalars(read_summary(out)),
+                               artifacts=[out / name for name in files]))  # fmt: skip
+    return runs
+
+
+@register("replay-simulator", ["seeds", "replay"])
+def replay_simulator(root: Path, params: Any, regime: str | None) -> Collected:
+    from syncsafe.artifacts.replay_sets import read_set_index
+
+    index = read_set_index(layout.replay_set_dir(root, layout.SIMULATOR, regime) / layout.INDEX_FILE)
+    return Collected(_replays(root, layout.SIMULATOR, index, (layout.SUMMARY_FILE,)))
+
+
+@register("replay-vllm", ["seeds", "replay"])
+def replay_vllm(root: Path, params: Any, regime: str | None) -> Collected:
+    from syncsafe.artifacts.replay_sets import read_vllm_index
+
+    files = (layout.SUMMARY_FILE, layout.REQUESTS_FILE, layout.WINDOWS_FILE)
+    runs = _replays(root, layout.VLLM, read_vllm_index(root, repeats=False), files)
+    return Collected(runs, artifacts=_present([layout.at(root, layout.VLLM_SERVER_LOG)]))
+
+
+@register("live", ["live", "replay.vllm", "replay.slo", "control", "merge", "train"])
+def live(root: Path, params: Any, regime: str | None) -> Collected:
+    from syncsafe.artifacts.base import read_csv
+
+    path = layout.at(root, layout.LIVE_INDEX)
+    index = read_csv(path, "live index", ("regime", "seed", "condition", "slo_violation_rate", "n_merges"))
+    seeds = params.live.seeds or params.seeds
+    metrics: dict[str, float] = {}
+    for row in index[(index["regime"] == regime) & index["seed"].isin(seeds)].itertuples():
+        metrics[f"{row.condition}.seed-{row.seed}.slo_violation_rate"] = float(row.slo_violation_rate)
+        metrics[f"{row.condition}.seed-{row.seed}.n_merges"] = int(row.n_merges)
+    return Collected(metrics=metrics, artifacts=[path])
+
+
+@register("calibrate-fit", ["replay"])
+def calibrate_fit(root: Path, params: Any, regime: str | None) -> Collected:
+    from syncsafe.artifacts.base import read_json
+
+    calibration = read_json(layout.at(root, layout.FITTED_CALIBRATION), "calibration")
+    metrics = {f"calibration.{k}": float(v) for k, v in _scalars(calibration).items() if k != "fitted"}
+    names = (layout.CALIBRATION_FILE, layout.MECHANISM_FILE, layout.FIT_FILE, layout.TRANSFER_FILE, layout.REPORT_FILE)
+    return Collected(metrics=metrics, artifacts=_present([layout.at(root, layout.CALIBRATION) / n for n in names]))
+
+
+_FIDELITY_METRICS = ("p95_rel_error_max", "p95_rel_error_mean", "slo_abs_error_pp_max", "slo_abs_error_pp_mean",
+                     "sync_ratio_sim_over_real")
+
+
+@register("fidelity", ["replay", "analysis"])
+def fidelity(root: Path, params: Any, regime: str | None) -> Collected:
+    from syncsafe.artifacts.base import read_json
+
+    evidence = read_json(layout.at(root, layout.FIDELITY_EVIDENCE), "fidelity evidence")
+    metrics = {f"fidelity.{k}": float(evidence[k]) for k in _FIDELITY_METRICS if evidence.get(k) is not None}
+    names = (layout.FIDELITY_FILE, layout.FIDELITY_TABLE_FILE, layout.REPORT_FILE, layout.CDF_FIGURE_FILE)
+    return Collected(metrics=metrics, artifacts=_present([layout.at(root, layout.FIDELITY) / n for n in names]))
+
+
+_POLICY_METRICS = ("slo_pct_mean", "sync_excess_pct_mean", "p_vs_matched_random", "seeds_won", "n_seeds")
+
+
+@register("analyze", ["seeds", "replay.slo"])
+def analyze(root: Path, params: Any, regime: str | None) -> Collected:
+    from syncsafe.artifacts.base import read_csv
+
+    reports = layout.at(root, layout.REPORTS)
+    table = read_csv(reports / layout.POLICY_TABLE_FILE, "policy table", ("regime", "policy", "tier"))
+    runs = [
+        TrackedRun(regime=rec["regime"], policy=rec["policy"], tags={"tier": rec["tier"]},
+                   metrics={k: rec[k] for k in _POLICY_METRICS if k in rec and pd.notna(rec[k])})
+        for rec in table.to_dict("records")
+    ]  # fmt: skip
+    return Collected(runs, artifacts=sorted(p for p in reports.iterdir() if not p.name.startswith(".")))
