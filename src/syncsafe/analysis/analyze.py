@@ -36,29 +36,15 @@ from syncsafe.analysis.protocol import DEFAULT_LOSS_MARGIN, run_protocol
 from syncsafe.analysis.report import ReportContext, render_report
 from syncsafe.analysis.runs_table import load_runs_table
 from syncsafe.analysis.verdicts import DEFAULT_ALPHA, assign_tiers
+from syncsafe.artifacts import layout
+from syncsafe.artifacts.reports import CONTRACT_COLUMNS
 from syncsafe.io import atomic_path
 
-POLICY_TABLE = "policy_table.csv"
-ENVELOPE_TABLE = "envelope.csv"
-METRICS = "metrics.json"
-REPORT = "report.md"
+POLICY_TABLE = layout.POLICY_TABLE_FILE
+ENVELOPE_TABLE = layout.ENVELOPE_FILE
+METRICS = layout.REPORT_METRICS_FILE
+REPORT = layout.REPORT_FILE
 
-CONTRACT_COLUMNS = (
-    "regime",
-    "policy",
-    "n_seeds",
-    "slo_pct_mean",
-    "sync_excess_pct_mean",
-    "p_vs_matched_random",
-    "seeds_won",
-    "tier",
-    "p_rank",
-    "p_adjusted",
-    "gap_closed_mean",
-    "gap_closed_ci_low",
-    "gap_closed_ci_high",
-    "calibration",
-)
 ENVELOPE_COLUMNS = (
     "regime",
     "policy",

@@ -26,11 +26,10 @@ Checkpoints are removed once the run is complete.
 
 from __future__ import annotations
 
-import json
 import pickle
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +38,9 @@ import torch
 import torch.distributed as dist
 
 from syncsafe import io
+from syncsafe.artifacts import layout
+from syncsafe.artifacts.layout import timing_path
+from syncsafe.artifacts.train_runs import is_complete, write_decisions, write_losses, write_merges, write_metrics, write_timing
 from syncsafe.config import Params
 from syncsafe.control.controller import ControlResult, run_controller
 from syncsafe.control.policies import Policy, build_policy
@@ -52,17 +54,13 @@ from syncsafe.schedules.stage import control_plan
 from syncsafe.control.serving_model import load_calibration
 from syncsafe.traces.stage import load_timeline
 
-TRAIN_DIR = Path("runs") / "train"
+TRAIN_DIR = layout.TRAIN
 #: Island logs and wall-clock facts of each run: not reproducible, so outside the stage outputs (gitignored).
-TRAIN_LOG_DIR = Path("logs") / "train"
+TRAIN_LOG_DIR = layout.TRAIN_LOGS
+train_dir = layout.train_run_dir
 
-
-def train_dir(root: Path, regime: str, policy: str, seed: int) -> Path:
-    return Path(root) / TRAIN_DIR / regime / policy / f"seed-{seed}"
-
-
-def is_complete(run_dir: Path) -> bool:
-    return (run_dir / "metrics.json").is_file()
+__all__ = ["TRAIN_DIR", "TRAIN_LOG_DIR", "Resources", "World", "is_complete", "make_island", "timing_path",
+           "train_dir", "train_run"]
 
 
 @dataclass(frozen=True)
@@ -93,11 +91,11 @@ class Resources:
 
 
 def _checkpoint_paths(run_dir: Path, merge: int) -> Path:
-    return run_dir / "checkpoints" / f"merge-{merge:04d}"
+    return run_dir / layout.CHECKPOINTS_DIR / f"merge-{merge:04d}"
 
 
 def _latest_merge(run_dir: Path) -> int | None:
-    latest = run_dir / "checkpoints" / "LATEST"
+    latest = run_dir / layout.CHECKPOINTS_DIR / "LATEST"
     return int(latest.read_text().strip()) if latest.is_file() else None
 
 
@@ -124,7 +122,7 @@ def train_run(params: Params, regime: str, policy_name: str, seed: int, root: Pa
     policy: Policy | None = None
     merge_log: list[dict[str, Any]] = []
     if start is None:
-        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+        shutil.rmtree(run_dir / layout.CHECKPOINTS_DIR, ignore_errors=True)
     else:
         island.restore(load_checkpoint(_checkpoint_paths(run_dir, start) / f"island-{world.island_id}.pt"))
         island.batches = res.batches_for(world.island_id, world.num_islands, seed, island.step)
@@ -155,7 +153,7 @@ def train_run(params: Params, regime: str, policy_name: str, seed: int, root: Pa
             k = island.outer.merges_done
             with io.atomic_path(_checkpoint_paths(run_dir, k) / "controller.pkl") as tmp:
                 tmp.write_bytes(pickle.dumps({"state": result.to_dict(), "policy": policy, "merges": merge_log}))
-            io.write_text(run_dir / "checkpoints" / "LATEST", f"{k}\n")
+            io.write_text(run_dir / layout.CHECKPOINTS_DIR / "LATEST", f"{k}\n")
             _prune_checkpoints(run_dir, keep=k)
 
         learners = DistributedLearners(island, cfg.token_weighted, save_island)
@@ -176,14 +174,8 @@ def train_run(params: Params, regime: str, policy_name: str, seed: int, root: Pa
     dist.barrier()
 
 
-def timing_path(run_dir: Path) -> Path:
-    """logs/train/<regime>/<policy>/seed-<S>/timing.json beside runs/ for a run directory."""
-    root = run_dir.parents[4]  # run_dir is <root>/runs/train/<regime>/<policy>/seed-<S>
-    return root / TRAIN_LOG_DIR / run_dir.relative_to(root / TRAIN_DIR) / "timing.json"
-
-
 def _prune_checkpoints(run_dir: Path, keep: int) -> None:
-    for old in (run_dir / "checkpoints").glob("merge-*"):
+    for old in (run_dir / layout.CHECKPOINTS_DIR).glob("merge-*"):
         if int(old.name.split("-")[1]) < keep:
             shutil.rmtree(old, ignore_errors=True)
 
@@ -195,18 +187,16 @@ def _write_outputs(params: Params, regime: str, policy: str, seed: int, run_dir:
     plan = control_plan(params, regime)
     schedule = Schedule(regime=regime, policy=policy, seed=seed, source="train", duration_s=plan.duration_s,
                         window_s=plan.window_s, min_gap_s=plan.min_gap_s, merge_starts_s=result.merge_starts_s)
-    write_schedule(run_dir / "schedule.json", schedule)
-    io.write_text(run_dir / "decisions.jsonl",
-                  "".join(json.dumps(asdict(d), sort_keys=True) + "\n" for d in result.decisions))
-    loss_rows = [(step, island_id, loss) for island_id, curve in losses for step, loss in curve]
-    io.write_csv(run_dir / "losses.csv", pd.DataFrame(loss_rows, columns=["step", "island", "loss"]).sort_values(["step", "island"]))
+    write_schedule(run_dir / layout.SCHEDULE_FILE, schedule)
+    write_decisions(run_dir / layout.DECISIONS_FILE, result.decisions)
+    write_losses(run_dir, [(step, island_id, loss) for island_id, curve in losses for step, loss in curve])
     merges = pd.DataFrame(merge_log)
     merge_wall = merges.pop("wall_time_s") if "wall_time_s" in merges else pd.Series(dtype=float)
-    io.write_csv(run_dir / "merges.csv", merges)
+    write_merges(run_dir, merges)
     # The final global model is the state after the last merge (local steps since are not merged).
     assign_parameters(island.model, island.outer.global_flat.detach())
     final_eval = island.eval_loss(res.eval_batches)
-    export_global_model(island.model, island.outer, res.tokenizer, run_dir / "model")
+    export_global_model(island.model, island.outer, res.tokenizer, run_dir / layout.MODEL_DIR)
     metrics = {
         "final_eval_loss": final_eval,
         "n_merges": len(result.merge_starts_s),
@@ -220,7 +210,7 @@ def _write_outputs(params: Params, regime: str, policy: str, seed: int, run_dir:
         "resumed": resumed,
     }
     decide_us = pd.Series(result.decide_us, dtype=float)
-    io.write_json(timing_path(run_dir), {
+    write_timing(run_dir, {
         "merge_wall_s_mean": float(merge_wall.mean()) if len(merge_wall) else 0.0,
         "train_wall_s": wall_s,
         "tokens_per_s": tokens / wall_s if wall_s > 0 else 0.0,
@@ -230,5 +220,5 @@ def _write_outputs(params: Params, regime: str, policy: str, seed: int, run_dir:
         "decide_us_p50": float(decide_us.quantile(0.5)) if len(decide_us) else None,
         "decide_us_p99": float(decide_us.quantile(0.99)) if len(decide_us) else None,
     })
-    io.write_json(run_dir / "metrics.json", metrics)
-    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+    write_metrics(run_dir, metrics)
+    shutil.rmtree(run_dir / layout.CHECKPOINTS_DIR, ignore_errors=True)

@@ -7,19 +7,20 @@ controller's action space; the free-placement reference draws beside them),
 its evenly spaced twin, its offline bound, and the seed's no_sync schedule.
 Decision logs go beside the controller schedules. Each regime's set lives in
 runs/schedule-sets/<regime>/ with its own index; `build_index` joins them into
-runs/schedules/index.csv (the contract path).
+runs/schedules/index.csv (the contract path). Paths and index tables:
+`syncsafe.artifacts.layout` and `syncsafe.artifacts.schedule_sets`.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
 from tqdm import tqdm
 
-from syncsafe import io
+from syncsafe.artifacts import layout
+from syncsafe.artifacts.schedule_sets import read_index, read_set_index, write_schedule_index, write_set_index
+from syncsafe.artifacts.train_runs import read_train_schedule, write_decisions
 from syncsafe.config import Params
 from syncsafe.control.controller import ControlPlan, ControlResult, run_controller
 from syncsafe.control.harness import ProgressModelLearners
@@ -27,13 +28,16 @@ from syncsafe.control.policies import build_policy
 from syncsafe.control.signals import TimelineSignals
 from syncsafe.schedules.action_space import ActionSpace
 from syncsafe.schedules.derive import even_cadence, matched_random, matched_random_free, no_sync, offline_bound
-from syncsafe.schedules.schedule import INDEX_COLUMNS, LoadIntegral, Schedule, ScheduleError, read_schedule, write_schedule
+from syncsafe.schedules.schedule import LoadIntegral, Schedule, write_schedule
 from syncsafe.control.serving_model import load_calibration
 from syncsafe.traces.stage import load_timeline
 
 #: Per-regime schedule sets (one DVC output each) and the joined index (contract path).
-SCHEDULE_SETS_DIR = Path("runs") / "schedule-sets"
-SCHEDULE_INDEX = Path("runs") / "schedules" / "index.csv"
+SCHEDULE_SETS_DIR = layout.SCHEDULE_SETS
+SCHEDULE_INDEX = layout.SCHEDULE_INDEX
+
+__all__ = ["SCHEDULE_INDEX", "SCHEDULE_SETS_DIR", "build_index", "build_schedules", "control_plan", "in_params",
+           "read_index", "run_harness", "trained_schedule"]
 
 
 def control_plan(params: Params, regime: str) -> ControlPlan:
@@ -70,23 +74,11 @@ def run_harness(params: Params, regime: str, policy: str, seed: int, timeline: p
 
 def trained_schedule(root: Path, regime: str, policy: str, seed: int) -> Schedule:
     """The controller schedule a real training run produced (its decision log stays beside it)."""
-    path = Path(root) / "runs" / "train" / regime / policy / f"seed-{seed}" / "schedule.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no trained schedule; run the train stage for regime {regime!r} "
-                                "(or set schedules.source: harness)")
-    schedule = read_schedule(path)
-    if (schedule.regime, schedule.policy, schedule.seed, schedule.source) != (regime, policy, seed, "train"):
-        raise ScheduleError(f"{path}: expected the train schedule of {regime}/{policy}/seed-{seed}")
-    return schedule
-
-
-def _write_decisions(path: Path, result: ControlResult) -> None:
-    io.write_text(path, "".join(json.dumps(asdict(d), sort_keys=True) + "\n" for d in result.decisions))
+    return read_train_schedule(root, regime, policy, seed)
 
 
 def build_schedules(params: Params, regime: str, root: Path = Path(".")) -> pd.DataFrame:
     """Write every schedule of `regime` and its index; return the index."""
-    out = Path(root) / SCHEDULE_SETS_DIR / regime
     cfg = params.regimes[regime]
     rows: list[dict] = []
 
@@ -101,34 +93,20 @@ def build_schedules(params: Params, regime: str, root: Path = Path(".")) -> pd.D
     space = ActionSpace.of_params(params, regime)
     for seed in params.seeds:
         emit(no_sync(regime, seed, cfg.duration_s, params.merge.window_s, params.merge.min_gap_s),
-             SCHEDULE_SETS_DIR / regime / f"seed-{seed}" / "no_sync.json")
+             layout.schedule_rel(regime, seed, "no_sync", "no_sync"))
     for seed, policy in tqdm(jobs, desc=f"schedules {regime}", unit="run", leave=False):
-        seed_dir = SCHEDULE_SETS_DIR / regime / f"seed-{seed}"
         if source == "train":
             controller = trained_schedule(root, regime, policy, seed)
         else:
             controller, result = run_harness(params, regime, policy, seed, timelines[seed])
-            _write_decisions(Path(root) / seed_dir / f"{policy}.decisions.jsonl", result)
-        emit(controller, seed_dir / f"{policy}.json")
-        emit(offline_bound(controller, LoadIntegral(timelines[seed])), seed_dir / "offline_bound" / f"{policy}.json")
-        emit(even_cadence(controller, space), seed_dir / "even_cadence" / f"{policy}.json")
+            write_decisions(layout.at(root, layout.schedule_decisions_rel(regime, seed, policy)), result.decisions)
+        emit(controller, layout.schedule_rel(regime, seed, controller.source, policy))
+        for derived in (offline_bound(controller, LoadIntegral(timelines[seed])), even_cadence(controller, space)):
+            emit(derived, layout.schedule_rel(regime, seed, derived.source, policy))
         for draw in range(params.schedules.random_draws):
-            emit(matched_random(controller, draw, space), seed_dir / "matched_random" / f"{policy}-{draw:03d}.json")
-            emit(matched_random_free(controller, draw), seed_dir / "matched_random_free" / f"{policy}-{draw:03d}.json")
-    index = _index_frame(rows)
-    io.write_csv(out / "index.csv", index)
-    return index
-
-
-def _index_frame(rows: list[dict]) -> pd.DataFrame:
-    df = pd.DataFrame(rows, columns=list(INDEX_COLUMNS))
-    return df.astype({"draw": "Int64", "seed": "int64", "n_merges": "int64"})
-
-
-def read_index(path: Path) -> pd.DataFrame:
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no schedule index; run the schedules stage first")
-    return pd.read_csv(path, dtype={"draw": "Int64"}, keep_default_na=True)
+            for derived in (matched_random(controller, draw, space), matched_random_free(controller, draw)):
+                emit(derived, layout.schedule_rel(regime, seed, derived.source, policy, draw))
+    return write_set_index(root, regime, rows)
 
 
 def in_params(index: pd.DataFrame, params: Params) -> pd.DataFrame:
@@ -143,7 +121,5 @@ def in_params(index: pd.DataFrame, params: Params) -> pd.DataFrame:
 
 def build_index(params: Params, root: Path = Path(".")) -> pd.DataFrame:
     """Join the per-regime indexes of the regimes in params into runs/schedules/index.csv."""
-    frames = [read_index(Path(root) / SCHEDULE_SETS_DIR / regime / "index.csv") for regime in params.regimes]
-    index = _index_frame(in_params(pd.concat(frames, ignore_index=True), params).to_dict("records"))
-    io.write_csv(Path(root) / SCHEDULE_INDEX, index)
-    return index
+    frames = [read_set_index(root, regime) for regime in params.regimes]
+    return write_schedule_index(root, in_params(pd.concat(frames, ignore_index=True), params).to_dict("records"))

@@ -9,21 +9,22 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from syncsafe.artifacts.layout import at
+from syncsafe.artifacts.schedule_sets import read_schedule_index
+from syncsafe.artifacts.traces import read_timeline
 from syncsafe.schedules.schedule import LoadIntegral, busy_overlap_fraction, read_schedule
-from syncsafe.schedules.stage import SCHEDULE_INDEX, read_index
-from syncsafe.traces.stage import load_timeline
 
 
 def summarize(root: Path = Path(".")) -> pd.DataFrame:
     """Per regime × policy (matched-random per controller): merges per seed and busy overlap."""
-    index = read_index(Path(root) / SCHEDULE_INDEX)
+    index = read_schedule_index(root)
     loads: dict[tuple[str, int], LoadIntegral] = {}
     rows = []
     for rec in index.itertuples(index=False):
         key = (rec.regime, int(rec.seed))
         if key not in loads:
-            loads[key] = LoadIntegral(load_timeline(root, rec.regime, int(rec.seed)))
-        schedule = read_schedule(Path(root) / rec.path)
+            loads[key] = LoadIntegral(read_timeline(root, rec.regime, int(rec.seed)))
+        schedule = read_schedule(at(root, rec.path))
         label = rec.policy if pd.isna(rec.matched_to) else f"{rec.policy}[{rec.matched_to}]"
         rows.append(
             {

@@ -18,7 +18,8 @@ that seed is judged by is the no-sync p95 times `replay.slo.multiplier`
 (one row per request), `summary.json` (written last, only for a complete
 replay), and for vLLM `signals.parquet` and `windows.csv` (the intervals the
 merge workload actually ran). `build_replay_index` joins the per-set indexes
-into `runs/replay/index.csv`.
+into `runs/replay/index.csv`. Paths and tables: `syncsafe.artifacts.layout` and
+`syncsafe.artifacts.replay_sets`.
 """
 
 from __future__ import annotations
@@ -30,36 +31,39 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from syncsafe import io
+from syncsafe.artifacts import layout
+from syncsafe.artifacts.replay_sets import (
+    EXTRA_COLUMNS,
+    INDEX_COLUMNS,
+    read_replay_index,
+    read_set_index,
+    set_index_paths,
+    write_replay_files,
+    write_replay_index,
+    write_set_index,
+)
+from syncsafe.artifacts.schedule_sets import read_set_index as read_schedule_set_index
+from syncsafe.artifacts.traces import read_requests, read_timeline
 from syncsafe.config import Params
 from syncsafe.schedules.action_space import ActionSpace
 from syncsafe.schedules.schedule import Schedule, read_schedule, write_schedule
-from syncsafe.schedules.stage import SCHEDULE_SETS_DIR, in_params, read_index
+from syncsafe.schedules.stage import in_params
 from syncsafe.control.serving_model import simulator_calibration
 from syncsafe.serving.metrics import REQUEST_RESULT_COLUMNS, SloSpec, derive_slo, summarize, violation_mask
 from syncsafe.serving.oracle import slo_oracle
 from syncsafe.serving.simulator import PressureLookup, simulate_replay
-from syncsafe.traces.stage import load_timeline, trace_dir
 
-REPLAY_SETS_DIR = Path("runs") / "replay-sets"
-REPLAY_INDEX = Path("runs") / "replay" / "index.csv"
-INDEX_COLUMNS = ("regime", "policy", "seed", "draw", "backend", "slo_violation_rate", "p95_ms", "p99_ms",
-                 "n_requests", "n_failed", "path")
+REPLAY_SETS_DIR = layout.REPLAY_SETS
+REPLAY_INDEX = layout.REPLAY_INDEX
 #: Schedule sources a controller produced (each gets an SLO oracle in the simulator replay).
 CONTROLLER_SOURCES = ("train", "harness")
-EXTRA_COLUMNS = ("matched_to", "source", "n_merges", "schedule", "ttft_p95_ms", "sync_ratio", "pressure_ratio",
-                 "requests_during_merges", "tokens_per_s", "goodput_rps", "valid")
+set_dir = layout.replay_set_dir
+replay_path = layout.replay_dir_for_schedule
 
-
-def set_dir(root: Path, backend: str, regime: str | None = None) -> Path:
-    base = Path(root) / REPLAY_SETS_DIR / backend
-    return base / regime if regime else base
-
-
-def replay_path(root: Path, backend: str, schedule_rel: str) -> Path:
-    """runs/replay-sets/<backend>/<regime>/seed-S/<schedule stem>/ for a schedule-set path."""
-    rel = Path(schedule_rel).relative_to(SCHEDULE_SETS_DIR).with_suffix("")
-    return set_dir(root, backend) / rel
+__all__ = ["CONTROLLER_SOURCES", "EXTRA_COLUMNS", "INDEX_COLUMNS", "REPLAY_INDEX", "REPLAY_SETS_DIR",
+           "build_replay_index", "index_row", "read_replay_index", "replay_path", "replay_simulator",
+           "request_results", "resolve_slo", "seed_schedules", "set_dir", "wall_windows", "write_replay",
+           "write_set_index"]
 
 
 def seed_schedules(root: Path, index: pd.DataFrame) -> Iterable[tuple[int, list[pd.Series]]]:
@@ -97,17 +101,9 @@ def index_row(row: pd.Series, backend: str, schedule: Schedule, summary: dict, p
 
 def write_replay(out: Path, results: pd.DataFrame, slo: SloSpec, params: Params, extra: dict) -> dict:
     """requests.parquet, then summary.json last (its presence marks a complete replay)."""
-    io.write_parquet(out / "requests.parquet", results)
     summary = summarize(results, slo, params.replay.high_pressure).model_dump()
     summary.update({"slo": slo.model_dump(), **extra})
-    io.write_json(out / "summary.json", summary)
-    return summary
-
-
-def write_set_index(path: Path, rows: list[dict]) -> pd.DataFrame:
-    df = pd.DataFrame(rows, columns=[*INDEX_COLUMNS, *EXTRA_COLUMNS]).astype({"draw": "Int64"})
-    io.write_csv(path, df)
-    return df
+    return write_replay_files(out, results, summary)
 
 
 # --------------------------------------------------------------------------- simulator
@@ -115,7 +111,7 @@ def write_set_index(path: Path, rows: list[dict]) -> pd.DataFrame:
 
 def replay_simulator(params: Params, regime: str, root: Path = Path(".")) -> pd.DataFrame:
     """Every schedule of `regime` through the simulator, plus each controller's SLO oracle; returns the set's index."""
-    index = read_index(Path(root) / SCHEDULE_SETS_DIR / regime / "index.csv")
+    index = read_schedule_set_index(root, regime)
     calibration = simulator_calibration(params.replay.simulator.calibration, root)
     space = ActionSpace.of_params(params, regime)
     extra = {"backend": "simulator", "calibration": calibration.model_dump()}
@@ -123,13 +119,13 @@ def replay_simulator(params: Params, regime: str, root: Path = Path(".")) -> pd.
     n_controllers = int(index["source"].isin(CONTROLLER_SOURCES).sum())
     with tqdm(total=len(index) + n_controllers, desc=f"replay simulator {regime}", unit="replay", leave=False) as bar:
         for seed, schedules in seed_schedules(root, index):
-            requests = pd.read_parquet(trace_dir(root, regime, seed) / "requests.parquet")
-            timeline = load_timeline(root, regime, seed)
+            requests = read_requests(root, regime, seed)
+            timeline = read_timeline(root, regime, seed)
             slo = None
             controllers: list[Schedule] = []
             draws: dict[str, list[tuple[Schedule, int]]] = {}
             for row in schedules:
-                schedule = read_schedule(Path(root) / row["path"])
+                schedule = read_schedule(layout.at(root, row["path"]))
                 results = simulate_replay(requests, timeline, schedule, calibration, seed)
                 slo = slo or resolve_slo(params, results)
                 out = replay_path(root, "simulator", row["path"])
@@ -143,8 +139,8 @@ def replay_simulator(params: Params, regime: str, root: Path = Path(".")) -> pd.
             for controller in controllers:
                 found = slo_oracle(controller, space, requests, timeline, calibration, seed, slo,
                                    draws.get(controller.policy, []), max_evals=params.replay.simulator.oracle_evals)
-                out = set_dir(root, "simulator", regime) / f"seed-{seed}" / "slo_oracle" / controller.policy
-                schedule_path = write_schedule(out / "schedule.json", found.schedule)
+                out = layout.slo_oracle_dir(root, regime, seed, controller.policy)
+                schedule_path = write_schedule(out / layout.SCHEDULE_FILE, found.schedule)
                 results = simulate_replay(requests, timeline, found.schedule, calibration, seed)
                 summary = write_replay(out, results, slo, params, {**extra, "oracle_evaluations": found.evaluations,
                                                                    "oracle_start": found.start})
@@ -153,7 +149,7 @@ def replay_simulator(params: Params, regime: str, root: Path = Path(".")) -> pd.
                                  "path": schedule_path.relative_to(root).as_posix()})
                 rows.append(index_row(row, "simulator", found.schedule, summary, out, Path(root)))
                 bar.update()
-    return write_set_index(set_dir(root, "simulator", regime) / "index.csv", rows)
+    return write_set_index(layout.replay_set_dir(root, layout.SIMULATOR, regime) / layout.INDEX_FILE, rows)
 
 
 # --------------------------------------------------------------------------- index
@@ -162,22 +158,14 @@ def replay_simulator(params: Params, regime: str, root: Path = Path(".")) -> pd.
 def build_replay_index(root: Path = Path("."), params: Params | None = None) -> pd.DataFrame:
     """Join every backend's set indexes into runs/replay/index.csv (with `params`: only the
     regimes, seeds and policies it names; sets left on disk by removed ones are not indexed)."""
-    frames = [pd.read_csv(p, dtype={"draw": "Int64"}) for p in sorted((Path(root) / REPLAY_SETS_DIR).glob("*/*/index.csv"))]
-    frames += [pd.read_csv(p, dtype={"draw": "Int64"}) for p in sorted((Path(root) / REPLAY_SETS_DIR).glob("*/index.csv"))]
+    frames = [read_set_index(p) for p in set_index_paths(root)]
     if not frames:
-        raise FileNotFoundError(f"{Path(root) / REPLAY_SETS_DIR}: no replay sets; run the replay stage first")
+        raise FileNotFoundError(f"{layout.at(root, REPLAY_SETS_DIR)}: no replay sets; run the replay stage first")
     index = pd.concat(frames, ignore_index=True)
     if params is not None:
         index = in_params(index, params)
-    io.write_csv(Path(root) / REPLAY_INDEX, index)
+    write_replay_index(root, index)
     return index
-
-
-def read_replay_index(root: Path = Path(".")) -> pd.DataFrame:
-    path = Path(root) / REPLAY_INDEX
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no replay index; run the replay stages first")
-    return pd.read_csv(path, dtype={"draw": "Int64"})
 
 
 def request_results(raw: pd.DataFrame, timeline: pd.DataFrame, worked: list[tuple[float, float, int]],

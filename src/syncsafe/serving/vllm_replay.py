@@ -22,9 +22,13 @@ import pandas as pd
 from tqdm import tqdm
 
 from syncsafe import io
+from syncsafe.artifacts import layout
+from syncsafe.artifacts.calibration import model_json
+from syncsafe.artifacts.replay_sets import write_signals, write_windows
+from syncsafe.artifacts.schedule_sets import read_schedule_index
+from syncsafe.artifacts.traces import read_requests, read_timeline
 from syncsafe.config import Params
 from syncsafe.schedules.schedule import read_schedule
-from syncsafe.schedules.stage import SCHEDULE_INDEX, read_index
 from syncsafe.serving.interference import MergeInterference
 from syncsafe.serving.loadgen import replay_requests
 from syncsafe.serving.metrics import replay_validity
@@ -36,13 +40,11 @@ from syncsafe.serving.replay import (
     write_set_index,
     request_results,
     resolve_slo,
-    set_dir,
     wall_windows,
 )
 from syncsafe.serving.profile import max_num_seqs, profile_server
 from syncsafe.serving.vllm_plan import choose_schedules, replay_order, vllm_controllers, vllm_seeds
 from syncsafe.serving.vllm_server import ServerError, VllmServer, resolve_python
-from syncsafe.traces.stage import load_timeline, trace_dir
 
 #: Gauges scraped from /metrics (summed over label sets).
 GAUGES = {
@@ -52,9 +54,9 @@ GAUGES = {
 }
 LEAD_S = 2.0
 #: Second no-sync replay of each seed (drift control), same columns as index.csv; and the server profile.
-REPEATS_FILE = "repeats.csv"
-PROFILE_FILE = "profile.json"
-SERVER_LOG = Path("logs") / "replay-vllm" / "server.log"
+REPEATS_FILE = layout.REPEATS_FILE
+PROFILE_FILE = layout.PROFILE_FILE
+SERVER_LOG = layout.VLLM_SERVER_LOG
 
 
 def parse_gauges(text: str) -> dict[str, float]:
@@ -106,7 +108,7 @@ class MetricsScraper:
 
 def server_log_path(root: Path) -> Path:
     """The vLLM server's log: under logs/ (gitignored), outside every stage output; tracked as an MLflow artifact."""
-    return Path(root) / SERVER_LOG
+    return layout.at(root, SERVER_LOG)
 
 
 def vllm_policies(params: Params) -> list[str]:
@@ -123,7 +125,7 @@ def served_model(params: Params, root: Path) -> Path | str:
     if cfg.model:
         return resolve_model(cfg.model, "replay.vllm.model")
     seed = vllm_seeds(params)[0]
-    trained = Path(root) / "runs" / "train" / cfg.regimes[0] / vllm_policies(params)[0] / f"seed-{seed}" / "model"
+    trained = layout.train_run_dir(root, cfg.regimes[0], vllm_policies(params)[0], seed) / layout.MODEL_DIR
     if (trained / "config.json").is_file():
         return trained
     if params.profile == "gpu":
@@ -137,7 +139,7 @@ def build_untrained_model(params: Params, root: Path) -> Path:
     from syncsafe.diloco.model import build_tiny_llama
     from syncsafe.diloco.resources import model_spec, prepare_tokenizer
 
-    target = Path(root) / "models" / "serve-untrained"
+    target = layout.at(root, layout.UNTRAINED_MODEL)
     if not (target / "config.json").is_file():
         _, tokenizer = prepare_tokenizer(params, root)
         export_hf_model(build_tiny_llama(model_spec(params, 0), tokenizer), tokenizer, target)
@@ -156,14 +158,14 @@ def replay_vllm(params: Params, root: Path = Path(".")) -> pd.DataFrame:
     """Replay the configured subset of schedules against one real vLLM server."""
     cfg = params.replay.vllm
     if not cfg.enabled:  # an empty set: calibrate then records that nothing was measured on a real server
-        return write_set_index(set_dir(root, "vllm") / "index.csv", [])
-    index = read_index(Path(root) / SCHEDULE_INDEX)
+        return write_set_index(layout.at(root, layout.VLLM_INDEX), [])
+    index = read_schedule_index(root)
     chosen = choose_schedules(params, index)
     model = served_model(params, root)
     vocab, numel = _model_facts(model)
-    out_root = set_dir(root, "vllm")
+    out_root = layout.at(root, layout.VLLM_SET)
     server = VllmServer(resolve_python(cfg.python), model, server_log_path(root), cfg.server_args,
-                        cfg.startup_timeout_s, cache_dir=Path(root).resolve() / "models" / "vllm-cache")
+                        cfg.startup_timeout_s, cache_dir=Path(root).resolve() / layout.VLLM_CACHE)
     rows: list[dict] = []
     repeats: list[dict] = []
     warmed = cfg.warmup_s == 0
@@ -172,9 +174,9 @@ def replay_vllm(params: Params, root: Path = Path(".")) -> pd.DataFrame:
                  unit="replay", leave=False) as bar:
         for regime, by_regime in chosen.groupby("regime", sort=False):
             for seed, schedules in seed_schedules(root, by_regime):
-                requests = pd.read_parquet(trace_dir(root, regime, seed) / "requests.parquet")
+                requests = read_requests(root, regime, seed)
                 requests = requests[requests["arrival_s"] < cfg.max_trace_s].reset_index(drop=True)
-                timeline = load_timeline(root, regime, seed)
+                timeline = read_timeline(root, regime, seed)
                 if not warmed:  # first requests hit cold code paths; keep them out of every measurement
                     warmup = requests[requests["arrival_s"] < cfg.warmup_s]
                     replay_requests(server.base_url, server.served_name, warmup, time.time() + 0.5, cfg.time_scale, vocab, seed,
@@ -184,7 +186,7 @@ def replay_vllm(params: Params, root: Path = Path(".")) -> pd.DataFrame:
                         write_server_profile(server, work, out_root, vocab, cfg)
                 slo = None
                 for row, repeat in replay_order(regime, seed, schedules, cfg.repeat_no_sync):
-                    schedule = read_schedule(Path(root) / row["path"])
+                    schedule = read_schedule(layout.at(root, row["path"]))
                     start = time.time() + LEAD_S
                     windows = wall_windows(schedule, start, cfg.time_scale, cfg.max_trace_s)
                     work.submit(windows)
@@ -195,10 +197,10 @@ def replay_vllm(params: Params, root: Path = Path(".")) -> pd.DataFrame:
                     server.check_alive()  # a server that died mid-replay leaves no summary
                     results = request_results(raw, timeline, worked, start, cfg.time_scale)
                     slo = slo or resolve_slo(params, results)
-                    out = replay_path(root, "vllm", row["path"])
-                    out = out.with_name(out.name + "-repeat") if repeat else out
-                    io.write_parquet(out / "signals.parquet", scraper.frame())
-                    io.write_csv(out / "windows.csv", pd.DataFrame(
+                    out = replay_path(root, layout.VLLM, row["path"])
+                    out = out.with_name(out.name + layout.REPEAT_SUFFIX) if repeat else out
+                    write_signals(out, scraper.frame())
+                    write_windows(out, pd.DataFrame(
                         [((b - start) * cfg.time_scale, (e - start) * cfg.time_scale, n) for b, e, n in worked],
                         columns=["start_s", "end_s", "iterations"]))
                     summary = write_replay(out, results, slo, params, {
@@ -211,7 +213,7 @@ def replay_vllm(params: Params, root: Path = Path(".")) -> pd.DataFrame:
                     (repeats if repeat else rows).append(index_row(row, "vllm", schedule, summary, out, Path(root)))
                     bar.update()
     write_set_index(out_root / REPEATS_FILE, repeats)
-    return write_set_index(out_root / "index.csv", rows)
+    return write_set_index(out_root / layout.INDEX_FILE, rows)
 
 
 def write_server_profile(server: VllmServer, work: MergeInterference, out_root: Path, vocab: int, cfg) -> Path:
@@ -226,8 +228,8 @@ def write_server_profile(server: VllmServer, work: MergeInterference, out_root: 
     max_batch = max_num_seqs(cfg.server_args) or 8
     profile, text = profile_server(server.base_url, server.served_name, vocab, max_batch, cfg.interference,
                                    merge_window, probe_s=cfg.profile_probe_s)
-    io.write_text(out_root / "metrics.txt", text)
-    return io.write_text(out_root / PROFILE_FILE, profile.model_dump_json(indent=2) + "\n")
+    io.write_text(out_root / layout.SERVER_METRICS_FILE, text)
+    return io.write_text(out_root / PROFILE_FILE, model_json(profile))
 
 
 __all__ = ["MetricsScraper", "ServerError", "parse_gauges", "replay_vllm", "served_model"]

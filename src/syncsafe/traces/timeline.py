@@ -15,10 +15,12 @@ import zlib
 import numpy as np
 import pandas as pd
 
-from syncsafe.artifacts.traces import TIMELINE_COLUMNS  # noqa: F401 (re-exported: the timeline contract)
+from syncsafe.artifacts.traces import TIMELINE_COLUMNS
 from syncsafe.config import BurstyRegime, PressureHeavyRegime, SteadyRegime, TraceRegime
 
 RegimeConfig = BurstyRegime | SteadyRegime | PressureHeavyRegime
+
+__all__ = ["TIMELINE_COLUMNS", "RegimeConfig", "checkpoint_pressure", "generate_timeline", "regime_rng"]
 
 
 def regime_rng(regime: str, seed: int, stream: str) -> np.random.Generator:
