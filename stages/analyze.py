@@ -1,8 +1,6 @@
-"""DVC stage `analyze`: the evidence protocol on the pipeline's replays, into reports/."""
+"""DVC stage `analyze` (dvc.yaml, generated from syncsafe.pipeline.declarations): python stages/analyze.py."""
 
-import sys
-
-from syncsafe.cli import app
+from syncsafe.pipeline.runner import main
 
 if __name__ == "__main__":  # spawned worker processes re-import this module
-    app(["analyze", *sys.argv[1:]], prog_name="stages/analyze.py")
+    main("analyze")

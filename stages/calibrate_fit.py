@@ -1,8 +1,6 @@
-"""DVC stage `calibrate-fit`: fit the simulator to the server profile and the fit seeds' vLLM replays."""
+"""DVC stage `calibrate-fit` (dvc.yaml, generated from syncsafe.pipeline.declarations): python stages/calibrate_fit.py."""
 
-import sys
-
-from syncsafe.cli import app
+from syncsafe.pipeline.runner import main
 
 if __name__ == "__main__":  # spawned worker processes re-import this module
-    app(["calibrate-fit", *sys.argv[1:]], prog_name="stages/calibrate_fit.py")
+    main("calibrate-fit")

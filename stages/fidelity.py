@@ -1,8 +1,6 @@
-"""DVC stage `fidelity`: the simulator judged on the held-out seeds' real vLLM replays."""
+"""DVC stage `fidelity` (dvc.yaml, generated from syncsafe.pipeline.declarations): python stages/fidelity.py."""
 
-import sys
-
-from syncsafe.cli import app
+from syncsafe.pipeline.runner import main
 
 if __name__ == "__main__":  # spawned worker processes re-import this module
-    app(["fidelity", *sys.argv[1:]], prog_name="stages/fidelity.py")
+    main("fidelity")

@@ -1,8 +1,6 @@
-"""DVC stage `live`: the controller as a sidecar beside a real vLLM server (off unless live.enabled)."""
+"""DVC stage `live` (dvc.yaml, generated from syncsafe.pipeline.declarations): python stages/live.py [--regime R]."""
 
-import sys
-
-from syncsafe.cli import app
+from syncsafe.pipeline.runner import main
 
 if __name__ == "__main__":  # spawned worker processes re-import this module
-    app(["live", "--stage", *sys.argv[1:]], prog_name="stages/live.py")
+    main("live")

@@ -1,8 +1,6 @@
-"""DVC stage `replay-index`: joins the replay sets into runs/replay/index.csv."""
+"""DVC stage `replay-index` (dvc.yaml, generated from syncsafe.pipeline.declarations): python stages/replay_index.py."""
 
-import sys
-
-from syncsafe.cli import app
+from syncsafe.pipeline.runner import main
 
 if __name__ == "__main__":  # spawned worker processes re-import this module
-    app(["replay", "index", *sys.argv[1:]], prog_name="stages/replay_index.py")
+    main("replay-index")

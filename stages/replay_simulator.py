@@ -1,8 +1,6 @@
-"""DVC stage `replay-simulator@<regime>`: python stages/replay_simulator.py --regime REGIME."""
+"""DVC stage `replay-simulator` (dvc.yaml, generated from syncsafe.pipeline.declarations): python stages/replay_simulator.py [--regime R]."""
 
-import sys
-
-from syncsafe.cli import app
+from syncsafe.pipeline.runner import main
 
 if __name__ == "__main__":  # spawned worker processes re-import this module
-    app(["replay", "run", "--backend", "simulator", *sys.argv[1:]], prog_name="stages/replay_simulator.py")
+    main("replay-simulator")

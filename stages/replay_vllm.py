@@ -1,8 +1,6 @@
-"""DVC stage `replay-vllm`: the configured subset of schedules against a real vLLM server."""
+"""DVC stage `replay-vllm` (dvc.yaml, generated from syncsafe.pipeline.declarations): python stages/replay_vllm.py."""
 
-import sys
-
-from syncsafe.cli import app
+from syncsafe.pipeline.runner import main
 
 if __name__ == "__main__":  # spawned worker processes re-import this module
-    app(["replay", "run", "--backend", "vllm", *sys.argv[1:]], prog_name="stages/replay_vllm.py")
+    main("replay-vllm")

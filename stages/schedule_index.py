@@ -1,8 +1,6 @@
-"""DVC stage `schedule-index`: joins the per-regime schedule indexes."""
+"""DVC stage `schedule-index` (dvc.yaml, generated from syncsafe.pipeline.declarations): python stages/schedule_index.py."""
 
-import sys
-
-from syncsafe.cli import app
+from syncsafe.pipeline.runner import main
 
 if __name__ == "__main__":  # spawned worker processes re-import this module
-    app(["schedules", "index", *sys.argv[1:]], prog_name="stages/schedule_index.py")
+    main("schedule-index")

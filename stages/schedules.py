@@ -1,8 +1,6 @@
-"""DVC stage `schedules@<regime>`: python stages/schedules.py --regime REGIME."""
+"""DVC stage `schedules` (dvc.yaml, generated from syncsafe.pipeline.declarations): python stages/schedules.py [--regime R]."""
 
-import sys
-
-from syncsafe.cli import app
+from syncsafe.pipeline.runner import main
 
 if __name__ == "__main__":  # spawned worker processes re-import this module
-    app(["schedules", "build", *sys.argv[1:]], prog_name="stages/schedules.py")
+    main("schedules")

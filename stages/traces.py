@@ -1,8 +1,6 @@
-"""DVC stage `traces@<regime>`: python stages/traces.py --regime REGIME."""
+"""DVC stage `traces` (dvc.yaml, generated from syncsafe.pipeline.declarations): python stages/traces.py [--regime R]."""
 
-import sys
-
-from syncsafe.cli import app
+from syncsafe.pipeline.runner import main
 
 if __name__ == "__main__":  # spawned worker processes re-import this module
-    app(["traces", *sys.argv[1:]], prog_name="stages/traces.py")
+    main("traces")

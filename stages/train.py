@@ -1,8 +1,6 @@
-"""DVC stage `train@<regime>`: python stages/train.py --regime REGIME."""
+"""DVC stage `train` (dvc.yaml, generated from syncsafe.pipeline.declarations): python stages/train.py [--regime R]."""
 
-import sys
-
-from syncsafe.cli import app
+from syncsafe.pipeline.runner import main
 
 if __name__ == "__main__":  # spawned worker processes re-import this module
-    app(["train", *sys.argv[1:]], prog_name="stages/train.py")
+    main("train")

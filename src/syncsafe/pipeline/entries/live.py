@@ -1,0 +1,29 @@
+"""Stage live: the controller as a sidecar beside a real vLLM server on the wall clock, gating real DiLoCo merges.
+
+One call per regime (live.regimes, or the chosen ones); with live.enabled false the stage only writes
+an empty runs/live/index.csv (`off`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from syncsafe.config import CONTROLLER_POLICIES, ConfigError, Params
+from syncsafe.serving.live import build_live_index, run_live
+
+
+def run(params: Params, root: Path, regime: str, params_path: Path, *, policy: str | None = None,
+        seeds: list[int] | None = None) -> str:
+    name = policy or params.live.policy
+    if name not in CONTROLLER_POLICIES:
+        raise ConfigError(f"--policy {name!r}: not a controller policy ({list(CONTROLLER_POLICIES)})")
+    chosen = seeds or params.live.seeds or params.seeds
+    for value in chosen:
+        if value not in params.seeds:
+            raise ConfigError(f"--seed {value}: not in seeds ({params.seeds})")
+    index = run_live(params, params_path, regime, name, chosen, root)
+    return f"live {regime}: {len(index)} runs in runs/live/index.csv"
+
+
+def off(params: Params, root: Path) -> str:
+    return f"live: off (live.enabled: false); {len(build_live_index(root))} runs in runs/live/index.csv"

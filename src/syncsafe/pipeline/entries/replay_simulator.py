@@ -1,0 +1,12 @@
+"""Stage replay-simulator: every schedule of one regime against the (calibrated) simulator."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from syncsafe.config import Params
+from syncsafe.serving.replay import replay_simulator
+
+
+def run(params: Params, root: Path, regime: str, params_path: Path) -> str:
+    return f"replay simulator {regime}: {len(replay_simulator(params, regime, root))} replays"

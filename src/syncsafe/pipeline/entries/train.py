@@ -1,0 +1,21 @@
+"""Stage train: DiLoCo islands as processes, merges gated by each policy, per policy x seed of one regime."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from syncsafe.config import ConfigError, Params
+from syncsafe.diloco.launch import train_regime
+
+
+def run(params: Params, root: Path, regime: str, params_path: Path, *, policies: list[str] | None = None,
+        seeds: list[int] | None = None, resume: bool = False) -> str:
+    """All of the regime's runs, or the chosen `policies` x `seeds`; `resume` skips complete runs."""
+    for name in policies or []:
+        if name not in params.control.policies:
+            raise ConfigError(f"--policy {name!r}: not in control.policies ({params.control.policies})")
+    for value in seeds or []:
+        if value not in params.seeds:
+            raise ConfigError(f"--seed {value}: not in seeds ({params.seeds})")
+    dirs = train_regime(params, params_path, regime, root, resume=resume, policies=policies, seeds=seeds)
+    return f"train {regime}: {len(dirs)} runs in {Path(root) / 'runs' / 'train' / regime}"
