@@ -1,6 +1,8 @@
 """The `syncsafe` command: one subcommand per pipeline stage, plus views.
 
-Every command validates params.yaml first; a bad key stops it with one line
+The stage commands run the same entry functions as `stages/*.py` (through
+`syncsafe.pipeline.runner`, declared in `syncsafe.pipeline.declarations`), with
+their command-only options on top. Every command validates params.yaml first; a bad key stops it with one line
 naming the key and exit code 2, before anything is written. Exit codes: 0 done,
 1 a run failed (a server or process died), 2 bad input (`syncsafe.errors.BadInput`:
 params, arguments, input files), 3 a lost island.
@@ -8,17 +10,15 @@ params, arguments, input files), 3 a lost island.
 
 from __future__ import annotations
 
-import functools
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import Annotated
 
-import click
 import typer
 
-from syncsafe.config import ConfigError, Params, load_params
-from syncsafe.errors import EXIT_BAD_INPUT, EXIT_FAILED, BadInput
+from syncsafe.config import ConfigError, load_params
+from syncsafe.errors import BadInput
+from syncsafe.pipeline.failures import fails_cleanly as _fails_cleanly
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 schedules_app = typer.Typer(help="Merge schedules: bare `syncsafe schedules` shows the summary view.")
@@ -30,52 +30,18 @@ ParamsOpt = Annotated[Path, typer.Option("--params", help="params.yaml to read")
 RootOpt = Annotated[Path, typer.Option("--root", help="project root that data/ and runs/ live under")]
 RegimeOpt = Annotated[list[str] | None, typer.Option("--regime", help="regime(s) to run; default: all")]
 
-F = TypeVar("F", bound=Callable[..., object])
+def _run(stage: str, params: Path, root: Path, regimes: list[str] | None = None, **options) -> None:
+    """Stage `stage` through the pipeline runner (tracked), its lines echoed."""
+    from syncsafe.pipeline.runner import run_stage
 
-
-def _fails_cleanly(fn: F) -> F:
-    """Turn the library's errors into one clear line on stderr and the documented exit code.
-
-    BadInput -> 2; an error carrying its own `exit_code` (IslandLost -> 3) -> that code;
-    any other failed run -> 1. Click's own exits (typer.Exit) pass through unchanged.
-    """
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
-            raise
-        except BadInput as err:
-            typer.echo(f"error: {err}", err=True)
-            raise typer.Exit(EXIT_BAD_INPUT) from None
-        except (ValueError, OSError, RuntimeError) as err:
-            typer.echo(f"error: {err}", err=True)
-            raise typer.Exit(getattr(err, "exit_code", EXIT_FAILED)) from None
-
-    return wrapper  # type: ignore[return-value]
-
-
-def _regimes(params: Params, chosen: list[str] | None) -> list[str]:
-    for name in chosen or []:
-        if name not in params.regimes:
-            raise ConfigError(f"--regime {name!r}: not a regime in params.yaml (have {sorted(params.regimes)})")
-    return list(chosen or params.regimes)
+    run_stage(stage, load_params(params), root, params, regimes, echo=typer.echo, **options)
 
 
 @app.command()
 @_fails_cleanly
 def traces(regime: RegimeOpt = None, params: ParamsOpt = Path("params.yaml"), root: RootOpt = Path(".")) -> None:
     """Stage traces: load timeline and request list per regime and seed."""
-    from syncsafe.traces.stage import build_traces
-
-    from syncsafe.tracking.stages import track_traces
-
-    p = load_params(params)
-    for name in _regimes(p, regime):
-        written = build_traces(p, name, root)
-        track_traces(p, name, root)
-        typer.echo(f"traces {name}: {len(written)} files for seeds {p.seeds}")
+    _run("traces", params, root, regime)
 
 
 @app.command()
@@ -89,24 +55,7 @@ def train(
     root: RootOpt = Path("."),
 ) -> None:
     """Stage train: DiLoCo islands as processes, merges gated by each policy, per regime x policy x seed."""
-    from syncsafe.diloco.launch import train_regime
-    from syncsafe.tracking import section_params, stage_run
-    from syncsafe.tracking.stages import train_runs
-
-    p = load_params(params)
-    for name in policy or []:
-        if name not in p.control.policies:
-            raise ConfigError(f"--policy {name!r}: not in control.policies ({p.control.policies})")
-    for value in seed or []:
-        if value not in p.seeds:
-            raise ConfigError(f"--seed {value}: not in seeds ({p.seeds})")
-    for name in _regimes(p, regime):
-        section = section_params(p, ["profile", "seeds", "merge", "control", "train", f"regimes.{name}"])
-        with stage_run("train", root=root, params_section=section, profile=p.profile, regime=name,
-                       system_metrics=True) as tracker:
-            dirs = train_regime(p, params, name, root, resume=resume, policies=policy, seeds=seed)
-            tracker.extend(train_runs(p, name, dirs))
-        typer.echo(f"train {name}: {len(dirs)} runs in {Path(root) / 'runs' / 'train' / name}")
+    _run("train", params, root, regime, policies=policy, seeds=seed, resume=resume)
 
 
 @app.command("import-trace")
@@ -141,24 +90,14 @@ def schedules_view(ctx: typer.Context, root: RootOpt = Path(".")) -> None:
 @_fails_cleanly
 def schedules_build(regime: RegimeOpt = None, params: ParamsOpt = Path("params.yaml"), root: RootOpt = Path(".")) -> None:
     """Stage schedules: controller schedules plus matched-random, offline-bound and no-sync baselines."""
-    from syncsafe.schedules.stage import build_schedules
-    from syncsafe.tracking.stages import track_schedules
-
-    p = load_params(params)
-    for name in _regimes(p, regime):
-        index = build_schedules(p, name, root)
-        track_schedules(p, name, index, root)
-        typer.echo(f"schedules {name}: {len(index)} schedules")
+    _run("schedules", params, root, regime)
 
 
 @schedules_app.command("index")
 @_fails_cleanly
 def schedules_index(params: ParamsOpt = Path("params.yaml"), root: RootOpt = Path(".")) -> None:
     """Stage schedule-index: join the per-regime indexes into runs/schedules/index.csv."""
-    from syncsafe.schedules.stage import build_index
-
-    index = build_index(load_params(params), root)
-    typer.echo(f"runs/schedules/index.csv: {len(index)} schedules")
+    _run("schedule-index", params, root)
 
 
 @replay_app.callback(invoke_without_command=True)
@@ -181,43 +120,18 @@ def replay_run(
     root: RootOpt = Path("."),
 ) -> None:
     """Stage replay: schedules against the serving backend under each seed's load."""
-    from syncsafe.tracking import section_params, stage_run
-    from syncsafe.tracking.stages import replay_runs
-
-    p = load_params(params)
-    section = section_params(p, ["seeds", "replay"])
-    if backend == "simulator":
-        from syncsafe.serving.replay import replay_simulator
-
-        for name in _regimes(p, regime):
-            with stage_run("replay-simulator", root=root, params_section=section, profile=p.profile,
-                           regime=name) as tracker:
-                index = replay_simulator(p, name, root)
-                tracker.extend(replay_runs("simulator", index, root))
-            typer.echo(f"replay simulator {name}: {len(index)} replays")
-    elif backend == "vllm":
-        from syncsafe.serving.vllm_replay import replay_vllm, server_log_path
-
-        if regime:
-            raise ConfigError("--regime does not apply to --backend vllm (replay.vllm.regimes chooses)")
-        with stage_run("replay-vllm", root=root, params_section=section, profile=p.profile,
-                       system_metrics=True) as tracker:
-            index = replay_vllm(p, root)
-            tracker.extend(replay_runs("vllm", index, root))
-            if server_log_path(root).is_file():
-                tracker.log_artifact(server_log_path(root))
-        typer.echo(f"replay vllm: {len(index)} replays")
-    else:
+    if backend not in ("simulator", "vllm"):
         raise ConfigError(f"--backend {backend!r}: expected simulator or vllm")
+    if backend == "vllm" and regime:
+        raise ConfigError("--regime does not apply to --backend vllm (replay.vllm.regimes chooses)")
+    _run(f"replay-{backend}", params, root, regime)
 
 
 @replay_app.command("index")
 @_fails_cleanly
 def replay_index(params: ParamsOpt = Path("params.yaml"), root: RootOpt = Path(".")) -> None:
     """Stage replay-index: join the replay sets of the regimes, seeds and policies in params into runs/replay/index.csv."""
-    from syncsafe.serving.replay import build_replay_index
-
-    typer.echo(f"runs/replay/index.csv: {len(build_replay_index(root, load_params(params)))} replays")
+    _run("replay-index", params, root)
 
 
 @app.command()
@@ -231,32 +145,7 @@ def live(
     root: RootOpt = Path("."),
 ) -> None:
     """The controller as a sidecar beside a real vLLM server on the wall clock, gating real DiLoCo merges."""
-    from syncsafe.config import CONTROLLER_POLICIES
-    from syncsafe.serving.live import build_live_index, run_live
-    from syncsafe.tracking import section_params, stage_run
-
-    p = load_params(params)
-    if stage and not p.live.enabled:
-        typer.echo(f"live: off (live.enabled: false); {len(build_live_index(root))} runs in runs/live/index.csv")
-        return
-    name = policy or p.live.policy
-    if name not in CONTROLLER_POLICIES:
-        raise ConfigError(f"--policy {name!r}: not a controller policy ({list(CONTROLLER_POLICIES)})")
-    seeds = seed or p.live.seeds or p.seeds
-    for value in seeds:
-        if value not in p.seeds:
-            raise ConfigError(f"--seed {value}: not in seeds ({p.seeds})")
-    regimes = _regimes(p, regime) if regime else p.live.regimes
-    section = section_params(p, ["live", "replay.vllm", "replay.slo", "control", "merge", "train"])
-    for r in regimes:
-        with stage_run("live", root=root, params_section=section, profile=p.profile, regime=r,
-                       system_metrics=True) as tracker:
-            index = run_live(p, params, r, name, seeds, root)
-            for row in index[(index["regime"] == r) & index["seed"].isin(seeds)].itertuples():
-                tracker.metrics[f"{row.condition}.seed-{row.seed}.slo_violation_rate"] = float(row.slo_violation_rate)
-                tracker.metrics[f"{row.condition}.seed-{row.seed}.n_merges"] = int(row.n_merges)
-            tracker.log_artifact(Path(root) / "runs" / "live" / "index.csv")
-    typer.echo(f"live {', '.join(regimes)}: {len(index)} runs in runs/live/index.csv")
+    _run("live", params, root, regime, honor_switch=stage, policy=policy, seeds=seed)
 
 
 @app.command("calibrate-fit")
@@ -267,44 +156,14 @@ def calibrate_fit(params: ParamsOpt = Path("params.yaml"), root: RootOpt = Path(
     Writes runs/calibration/ (calibration.json, fit.json, mechanism.json, transfer.csv, report.md); with no
     possible fit, calibration.json holds the shipped defaults (fitted: false) and fit.json says why.
     """
-    from syncsafe.analysis.calibration import calibrate_fit_stage
-    from syncsafe.tracking import section_params, stage_run
-
-    p = load_params(params)
-    with stage_run("calibrate-fit", root=root, params_section=section_params(p, ["replay"]), profile=p.profile) as tracker:
-        result = calibrate_fit_stage(p, root)
-        tracker.metrics.update({f"calibration.{k}": float(v)
-                                for k, v in result.calibration.model_dump(exclude={"fitted"}).items()})
-        for path in result.files.values():
-            tracker.log_artifact(path)
-    c = result.calibration
-    state = "fitted" if c.fitted else f"default ({result.fit.get('reason')})"
-    typer.echo(f"calibrate-fit: {state}; merge share {c.merge_compute_share:.3g}, iteration {c.iter_base_ms:.3g} ms "
-               f"+ {c.decode_ms_per_seq:.3g} ms/seq + {c.prefill_ms_per_token:.3g} ms/prompt token")
-    for regime in sorted(result.mechanism.regimes):
-        typer.echo(f"{regime:16s} {result.mechanism.describe(regime)}")
+    _run("calibrate-fit", params, root)
 
 
 @app.command()
 @_fails_cleanly
 def fidelity(params: ParamsOpt = Path("params.yaml"), root: RootOpt = Path(".")) -> None:
     """Stage fidelity: the simulator's calibration judged on the held-out seeds' real replays (runs/fidelity/)."""
-    from syncsafe.analysis.calibration import fidelity_stage
-    from syncsafe.tracking import section_params, stage_run
-
-    p = load_params(params)
-    with stage_run("fidelity", root=root, params_section=section_params(p, ["replay", "analysis"]),
-                   profile=p.profile) as tracker:
-        result = fidelity_stage(p, root)
-        e = result.evidence
-        for key in ("p95_rel_error_max", "p95_rel_error_mean", "slo_abs_error_pp_max", "slo_abs_error_pp_mean",
-                    "sync_ratio_sim_over_real"):
-            if getattr(e, key) is not None:
-                tracker.metrics[f"fidelity.{key}"] = float(getattr(e, key))
-        for path in result.files.values():
-            tracker.log_artifact(path)
-    typer.echo(f"fidelity ({result.evidence.calibration}): "
-               + ("licensed" if result.evidence.licenses() else "not licensed") + f": {result.evidence.describe()}")
+    _run("fidelity", params, root)
 
 
 @app.command()
@@ -346,32 +205,25 @@ def analyze(
     Without: the pipeline's simulator replays, the calibration's mechanism
     and fidelity evidence and the training outputs into reports/.
     """
-    from syncsafe.analysis import FidelityEvidence, MechanismEvidence, analyze_runs
-
-    if runs is not None:
-        if out is None:
-            raise ConfigError("--out is required with --runs")
-        result = analyze_runs(
-            runs, out,
-            mechanism=_evidence_file(MechanismEvidence, mechanism, "--mechanism"),
-            fidelity=_evidence_file(FidelityEvidence, fidelity, "--fidelity"),
-            primary=_primary_option(primary),
-            alpha=0.05 if alpha is None else alpha,
-        )
-    else:
-        from syncsafe.analysis.pipeline import analyze_pipeline
-        from syncsafe.tracking.stages import track_analysis
-
+    if runs is None:
         if any(x is not None for x in (mechanism, fidelity, primary, out)):
             raise ConfigError("--mechanism, --fidelity, --primary and --out go with --runs; the pipeline reads "
                               "runs/calibration, runs/fidelity and params, and writes reports/")
-        p = load_params(params)
-        result = analyze_pipeline(p, root, alpha=alpha)
-        track_analysis(p, result.policy_table, list(result.files.values()), root)
-        out = Path(root) / "reports"
-    for rec in result.policy_table.itertuples(index=False):
-        typer.echo(f"{rec.regime:16s} {rec.policy:18s} {rec.tier}")
-    typer.echo(f"wrote {', '.join(sorted(p.name for p in result.files.values()))} to {out}")
+        _run("analyze", params, root, alpha=alpha)
+        return
+    from syncsafe.analysis import FidelityEvidence, MechanismEvidence, analyze_runs
+    from syncsafe.pipeline.entries.analyze import summary
+
+    if out is None:
+        raise ConfigError("--out is required with --runs")
+    result = analyze_runs(
+        runs, out,
+        mechanism=_evidence_file(MechanismEvidence, mechanism, "--mechanism"),
+        fidelity=_evidence_file(FidelityEvidence, fidelity, "--fidelity"),
+        primary=_primary_option(primary),
+        alpha=0.05 if alpha is None else alpha,
+    )
+    typer.echo(summary(result.policy_table, result.files, out))
 
 
 def _evidence_file(model: type, path: Path | None, option: str):  # noqa: ANN202 - returns an instance of `model`
@@ -450,6 +302,26 @@ def profile(
     parse_params(raw, f"{params} + profile {name}")
     io.write_text(out, yaml.safe_dump(raw, sort_keys=False))
     typer.echo(f"{out}: profile {name}")
+
+
+@app.command("dvc-yaml")
+@_fails_cleanly
+def dvc_yaml(
+    check: Annotated[bool, typer.Option("--check", help="write nothing; exit 1 naming what differs")] = False,
+) -> None:
+    """Write dvc.yaml and the nightly DAG's stage order (dags/syncsafe_stages.json) from the stage declarations."""
+    from syncsafe.pipeline import dvc_yaml as render
+
+    root = render.project_root()
+    if check:
+        diffs = render.differences(root)
+        if diffs:
+            typer.echo(f"not generated from the declarations (run `syncsafe dvc-yaml`): {', '.join(diffs)}", err=True)
+            raise typer.Exit(1)
+        typer.echo("dvc.yaml and the DAG's stage order match the declarations")
+        return
+    for path in render.write(root):
+        typer.echo(f"wrote {path}")
 
 
 @app.command()
