@@ -59,9 +59,8 @@ AIRFLOW_VENV    ?= .venv-airflow
 AIRFLOW_VERSION ?= 3.3.2
 AIRFLOW_LOCAL   := AIRFLOW_HOME=$(abspath $(AIRFLOW_VENV))/home AIRFLOW__CORE__DAGS_FOLDER=$(abspath dags) \
                    AIRFLOW__CORE__LOAD_EXAMPLES=False
-TINY_CONF       := {"profile": "cpu", "regimes": ["bursty"], "seeds": [0], "policies": ["fixed_h", "wa_diloco"], \
-                   "random_draws": 2, "vllm": false, "overrides": {"regimes": {"bursty": {"duration_s": 120}}, \
-                   "train": {"corpus_bytes": 300000, "eval_batches": 2}}}
+# the tiny profile (src/syncsafe/profiles/tiny.yaml), vLLM replay off
+TINY_CONF       := {"profile": "tiny", "vllm": false}
 
 .PHONY: airflow-env airflow-nightly-tiny docker-lint
 
@@ -84,7 +83,7 @@ $(AIRFLOW_VENV)/.celery: $(AIRFLOW_VENV)/bin/airflow
 
 airflow-env: $(AIRFLOW_VENV)/bin/airflow $(AIRFLOW_VENV)/.celery
 
-# One syncsafe_nightly run on this machine: cpu profile, tiny params, vLLM replay off
+# One syncsafe_nightly run on this machine: tiny profile, vLLM replay off
 # (about a minute on 2 cores). Runs land in $(AIRFLOW_VENV)/home/syncsafe-runs/.
 airflow-nightly-tiny: setup airflow-env
 	$(AIRFLOW_LOCAL) $(AIRFLOW_VENV)/bin/airflow db migrate > /dev/null

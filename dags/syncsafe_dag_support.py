@@ -178,8 +178,9 @@ def merge_run_params(base: dict, selection: dict) -> dict:
     subset to what the run has (its consistency checks would refuse the run otherwise).
     """
     raw = deep_merge(base, {})
-    if selection.get("profile"):
-        raw["profile"] = selection["profile"]
+    if selection.get("profile") and selection["profile"] != raw.get("profile", "cpu"):
+        raise ValueError(f"profile {selection['profile']!r}: the base params are profile {raw.get('profile', 'cpu')!r} "
+                         f"(compose them with `syncsafe profile {selection['profile']}` first)")
     if selection.get("regimes"):
         regimes = raw.get("regimes") or {}
         unknown = [r for r in selection["regimes"] if r not in regimes]

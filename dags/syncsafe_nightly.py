@@ -91,8 +91,9 @@ def _label(text: str) -> None:
         "profile": Param(
             os.environ.get("SYNCSAFE_NIGHTLY_PROFILE", "gpu"),
             type="string",
-            enum=["cpu", "gpu"],
-            description="params.yaml profile: cpu (tiny local model, vLLM CPU) or gpu (hub model, vLLM CUDA)",
+            enum=["cpu", "gpu", "tiny"],
+            description="profile (syncsafe/profiles/): cpu (params.yaml: small local model, vLLM CPU), "
+                        "gpu (hub model, vLLM CUDA) or tiny (cpu shrunk to one regime and seed)",
         ),
         "regimes": Param(None, type=["null", "array"], items=_NAME, minItems=1, uniqueItems=True,
                          description="regimes to run (null: all regimes of the base params)"),
@@ -175,16 +176,16 @@ def syncsafe_nightly():
 
     @task.bash
     def train_resources(run: dict) -> str:
-        """cpu profile: build the corpus and tokenizer once, before the mapped train tasks
-        race for the cache under runs/ (the gpu profile's come from the hub)."""
+        """train.source builtin: build the corpus and tokenizer once, before the mapped train tasks
+        race for the cache under runs/ (train.source hub: they come from the hub)."""
         import shlex
 
         import syncsafe_dag_support as sup
 
         code = ("from pathlib import Path; from syncsafe.config import load_params; "
                 "from syncsafe.diloco.resources import prepare_tokenizer; p = load_params('params.yaml'); "
-                "print('tokenizer', prepare_tokenizer(p, Path('.'))[1].vocab_size) if p.profile == 'cpu' "
-                "else print('gpu profile: hub tokenizer')")
+                "print('tokenizer', prepare_tokenizer(p, Path('.'))[1].vocab_size) if p.train.source == 'builtin' "
+                "else print('train.source hub: hub tokenizer')")
         return "\n".join([sup.shell_env(run), f"cd {shlex.quote(run['workdir'])}",
                           "exec " + shlex.join([run["python"], "-c", code])])
 

@@ -7,11 +7,10 @@ repro ─► metrics_diff
 - ``repro`` runs in ``SYNCSAFE_REPO`` with the pipeline environment first on
   PATH (the DVC stages call ``python stages/...``). When the checkout's
   ``params.yaml`` already has the chosen profile it runs ``dvc repro``;
-  otherwise ``dvc exp run --set-param profile=<profile>`` (a DVC experiment:
-  ``params.yaml`` changes in the workspace only, ``dvc exp show`` lists it).
-  Note that ``--set-param`` sets the ``profile`` key alone; for the gpu
-  profile's whole overlay write it first with ``syncsafe profile gpu --out
-  params.yaml`` and commit it on the GPU checkout.
+  otherwise it composes the profile onto ``params.yaml`` (``syncsafe profile
+  <profile> --out params.yaml``: the whole overlay, never the label alone) and
+  runs ``dvc exp run`` (a DVC experiment: ``params.yaml`` changes in the
+  workspace only, ``dvc exp show`` lists it).
   ``targets`` limits the run to some stages (e.g. ``["traces"]``), ``force``
   reruns up-to-date stages, ``dry`` only prints the commands.
 - ``metrics_diff`` reports ``dvc metrics diff`` (workspace against the last
@@ -47,7 +46,8 @@ DAG_ID = "syncsafe_repro"
     tags=[*TAGS_BASE, "dvc", "repro"],
     doc_md=__doc__,
     params={
-        "profile": Param("cpu", type="string", enum=["cpu", "gpu"], description="params.yaml profile to reproduce"),
+        "profile": Param("cpu", type="string", enum=["cpu", "gpu", "tiny"],
+                         description="profile to reproduce (syncsafe/profiles/; cpu: params.yaml itself)"),
         "targets": Param([], type="array", items={"type": "string", "pattern": "^[A-Za-z0-9_@.-]+$"},
                          uniqueItems=True, description="DVC stages to reproduce (empty: the whole pipeline)"),
         "force": Param(False, type="boolean", description="rerun stages even when up to date"),
@@ -68,13 +68,15 @@ def syncsafe_repro():
         repo = sup.repo_dir()
         current = (yaml.safe_load((repo / "params.yaml").read_text(encoding="utf-8")) or {}).get("profile", "cpu")
         flags = [*(["--force"] if chosen["force"] else []), *(["--dry"] if chosen["dry"] else [])]
-        if chosen["profile"] == current:
-            dvc = ["repro", *flags, *chosen["targets"]]
-        else:
-            dvc = ["exp", "run", "--set-param", f"profile={chosen['profile']}", *flags, *chosen["targets"]]
         run = {"python": sup.pipeline_python(), "pipeline_run_id": sup.pipeline_run_id(DAG_ID, ctx["run_id"]),
                "mlflow_default": f"sqlite:///{repo / 'mlflow.db'}"}
-        return "\n".join([sup.shell_env(run), f"cd {shlex.quote(str(repo))}",
+        compose = []
+        if chosen["profile"] == current:
+            dvc = ["repro", *flags, *chosen["targets"]]
+        else:  # the profile's whole overlay (syncsafe.profiles), then a DVC experiment on it
+            compose = [shlex.join([run["python"], "-m", sup.CLI, "profile", chosen["profile"], "--out", "params.yaml"])]
+            dvc = ["exp", "run", *flags, *chosen["targets"]]
+        return "\n".join([sup.shell_env(run), f"cd {shlex.quote(str(repo))}", *compose,
                           "exec " + shlex.join([run["python"], "-m", "dvc", *dvc])])
 
     @task

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from syncsafe.config import Params, parse_params
+from syncsafe.profiles import compose_file
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -24,6 +25,22 @@ def small_raw_params() -> dict:
     raw["schedules"]["random_draws"] = 3
     raw["schedules"]["source"] = "harness"  # training has its own tests
     return raw
+
+
+@pytest.fixture(scope="session")
+def tiny_raw():
+    """A factory of fresh copies of params.yaml composed with the tiny profile (`syncsafe profile tiny`);
+    session-scoped so that module-scoped fixtures can build on it."""
+    composed = compose_file(REPO / "params.yaml", ["tiny"])
+    return lambda: copy.deepcopy(composed)
+
+
+@pytest.fixture
+def tiny_params(tmp_path: Path, tiny_raw) -> Path:
+    """The tiny profile's params written to tmp_path/params.yaml."""
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(tiny_raw(), sort_keys=False))
+    return path
 
 
 @pytest.fixture

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import BaseModel
 from typer.testing import CliRunner
 
 from syncsafe.cli import app
 from syncsafe.config import ConfigError, load_params, parse_params
+from syncsafe.profiles import available, compose_file, merge_patch
 
 
 def test_shipped_params_are_valid(repo_root):
@@ -46,7 +49,7 @@ def _mutate(raw: dict, dotted: str, value) -> dict:
         ("regimes.bursty.kind", "spiky", "regimes.bursty: Input tag 'spiky'"),
         ("merge.min_gap_s", 30, "merge.min_gap_s (30.0) must be <="),
         ("merge.window_s", 7.3, "merge.window_s (7.3) must be a multiple of traces.step_s"),
-        ("profile", "tpu", "profile: Input should be 'cpu' or 'gpu'"),
+        ("profile", "tpu", "profile: 'tpu' does not match the overlays these params hold ([], label 'cpu')"),
     ],
 )
 def test_bad_value_names_the_key(raw_params, key, value, expected):
@@ -95,3 +98,118 @@ def test_gpu_profile_overlay_is_valid(repo_root, tmp_path, cli):
     assert gpu.profile == "gpu" and gpu.train.islands == 8 and len(gpu.seeds) == 10
     assert gpu.regimes["bursty"].period_s == 120  # untouched keys keep the cpu values
     assert gpu.replay.vllm.time_scale == 1.0 and gpu.train.hub.model.startswith("HuggingFaceTB/")
+
+
+# --------------------------------------------------------------------------- profiles
+
+
+def test_every_profile_composes_to_valid_params_labelled_by_its_overlays(repo_root):
+    assert available() == ["cpu", "gpu", "tiny"]
+    assert compose_file(repo_root / "params.yaml", ["cpu"]) == yaml.safe_load((repo_root / "params.yaml").read_text())
+    for name in ("gpu", "tiny"):
+        p = parse_params(compose_file(repo_root / "params.yaml", [name]))
+        assert p.profile == name and p.overlays == [name]
+
+
+def test_gpu_profile_spells_where_and_what_it_trains(repo_root):
+    cpu = load_params(repo_root / "params.yaml")
+    gpu = parse_params(compose_file(repo_root / "params.yaml", ["gpu"]))
+    assert (cpu.train.device, cpu.train.source) == ("cpu", "builtin")
+    assert (gpu.train.device, gpu.train.source) == ("cuda", "hub")
+
+
+def test_tiny_profile_is_one_regime_one_seed_and_a_small_corpus(tiny_raw):
+    p = parse_params(tiny_raw())
+    assert list(p.regimes) == ["bursty"] and p.regimes["bursty"].duration_s == 120
+    assert p.regimes["bursty"].period_s == 120  # untouched keys keep the base values
+    assert p.seeds == [0] and p.control.policies == ["fixed_h", "wa_diloco"]
+    assert (p.train.corpus_bytes, p.train.eval_batches, p.schedules.random_draws) == (300_000, 2, 2)
+
+
+def test_merge_patch_merges_mappings_removes_nulls_and_replaces_the_rest():
+    base = {"a": {"x": 1, "y": 2}, "b": [1, 2], "c": 3}
+    assert merge_patch(base, {"a": {"y": 5, "z": 6}, "b": [9], "c": None}) == {"a": {"x": 1, "y": 5, "z": 6}, "b": [9]}
+    assert base == {"a": {"x": 1, "y": 2}, "b": [1, 2], "c": 3}  # the base is left alone
+
+
+@pytest.mark.parametrize("label", ["gpu", "tiny", "cpu+gpu"])
+def test_a_hand_set_profile_label_is_refused_not_a_hybrid(repo_root, label):
+    raw = yaml.safe_load((repo_root / "params.yaml").read_text())
+    raw["profile"] = label  # what `dvc exp run --set-param profile=gpu` does
+    with pytest.raises(ConfigError, match=rf"profile: '{re.escape(label)}' does not match .* `syncsafe profile"):
+        parse_params(raw)
+
+
+def test_a_composed_profile_relabelled_by_hand_is_refused(repo_root):
+    raw = compose_file(repo_root / "params.yaml", ["gpu"])
+    raw["profile"] = "cpu"
+    with pytest.raises(ConfigError, match=r"profile: 'cpu' does not match the overlays these params hold \(\['gpu'\]"):
+        parse_params(raw)
+
+
+def test_set_param_profile_on_the_cli_is_one_line_exit_2(repo_root, tmp_path):
+    raw = yaml.safe_load((repo_root / "params.yaml").read_text())
+    raw["profile"] = "gpu"
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(raw))
+    result = CliRunner().invoke(app, ["check", "--params", str(params)])
+    assert result.exit_code == 2 and result.output.count("\n") == 1
+    assert "syncsafe profile gpu" in result.output
+
+
+@pytest.mark.parametrize(
+    ("names", "expected"),
+    [(["tpu"], "profile 'tpu': expected one of ['cpu', 'gpu', 'tiny']"),
+     (["tiny", "tiny"], "each profile may be applied once")],
+)
+def test_unknown_or_repeated_profile_is_refused(repo_root, names, expected):
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        compose_file(repo_root / "params.yaml", names)
+
+
+def test_composed_params_are_not_composed_again(repo_root, tmp_path, cli):
+    out = tmp_path / "params.gpu.yaml"
+    cli("profile", "gpu", "--params", repo_root / "params.yaml", "--out", out)
+    with pytest.raises(ConfigError, match=r"already composed from \['gpu'\].*compose from the base params.yaml"):
+        compose_file(out, ["tiny"])
+    assert compose_file(out, ["cpu"]) == yaml.safe_load(out.read_text())  # cpu: no overlay, nothing to refuse
+
+
+def test_overlays_stack_in_order_with_a_joined_label(repo_root):
+    p = parse_params(compose_file(repo_root / "params.yaml", ["gpu", "tiny"]))
+    assert p.profile == "gpu+tiny" and p.overlays == ["gpu", "tiny"]
+    assert p.train.source == "hub" and p.seeds == [0] and p.train.eval_batches == 2  # tiny wins where both set
+
+
+def test_no_code_branches_on_the_profile_label():
+    """`profile` is a label: behaviour follows explicit settings (train.device, train.source, ...)."""
+    src = Path(__file__).resolve().parents[1] / "src" / "syncsafe"
+    pattern = re.compile(r"""\.profile\s*(==|!=|in|not in)\s*[("'\[{]|["']\s*(==|!=)\s*\w+\.profile\b|uses_cuda\(""")
+    hits = [f"{path.relative_to(src)}:{n}: {line.strip()}" for path in sorted(src.rglob("*.py"))
+            for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if pattern.search(line)]
+    assert hits == []
+
+
+# --------------------------------------------------------------------------- defaults
+
+
+def _spelled_differently(model: BaseModel, spelled: dict, path: str) -> list[str]:
+    """Keys params.yaml spells whose value differs from the schema default (recursing into sections)."""
+    out = []
+    for name, field in type(model).model_fields.items():
+        if name not in spelled:
+            continue
+        value, key = getattr(model, name), f"{path}{name}"
+        if isinstance(value, BaseModel):
+            out += _spelled_differently(value, spelled[name], key + ".")
+        elif not field.is_required() and name != "regimes":  # each regime is data, not a setting with a default
+            default = field.get_default(call_default_factory=True)
+            if default != value:
+                out.append(f"{key}: schema default {default!r}, params.yaml {value!r}")
+    return out
+
+
+def test_params_yaml_spells_the_schema_defaults(repo_root):
+    """One source of truth: a key params.yaml spells holds the schema default (no silent drift between them)."""
+    raw = yaml.safe_load((repo_root / "params.yaml").read_text())
+    assert _spelled_differently(parse_params(raw), raw, "") == []

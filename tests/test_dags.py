@@ -35,16 +35,8 @@ AIRFLOW = REPO / ".venv-airflow" / "bin" / "airflow"
 sys.path.insert(0, str(DAGS))
 import syncsafe_dag_support as sup  # noqa: E402  (standard library only: importable here)
 
-#: The cpu profile shrunk to one regime, one seed, two policies, vLLM replay off.
-TINY_CONF = {
-    "profile": "cpu",
-    "regimes": ["bursty"],
-    "seeds": [0],
-    "policies": ["fixed_h", "wa_diloco"],
-    "random_draws": 2,
-    "vllm": False,
-    "overrides": {"regimes": {"bursty": {"duration_s": 120}}, "train": {"corpus_bytes": 300000, "eval_batches": 2}},
-}
+#: The Makefile's airflow-nightly-tiny conf: the tiny profile (syncsafe/profiles/tiny.yaml), vLLM replay off.
+TINY_CONF = {"profile": "tiny", "vllm": False}
 
 
 def _need_airflow() -> None:
@@ -184,11 +176,13 @@ def _repo_params() -> dict:
 
 
 def test_run_params_merge_the_selection_and_narrow_the_vllm_subset(tmp_path: Path) -> None:
-    raw = sup.merge_run_params(_repo_params(), copy.deepcopy(TINY_CONF))
+    selection = {"profile": "cpu", "regimes": ["bursty"], "seeds": [0], "policies": ["fixed_h", "wa_diloco"],
+                 "random_draws": 2, "vllm": False, "overrides": {"train": {"eval_batches": 2}}}
+    raw = sup.merge_run_params(_repo_params(), selection)
     p = parse_params(raw)
-    assert list(p.regimes) == ["bursty"] and p.regimes["bursty"].duration_s == 120
+    assert list(p.regimes) == ["bursty"] and p.regimes["bursty"].duration_s == 600
     assert p.seeds == [0] and p.control.policies == ["fixed_h", "wa_diloco"]
-    assert p.schedules.random_draws == 2 and p.train.corpus_bytes == 300000 and not p.replay.vllm.enabled
+    assert p.schedules.random_draws == 2 and p.train.eval_batches == 2 and not p.replay.vllm.enabled
     # the vLLM subset follows the run's choices instead of failing validation
     assert p.replay.vllm.regimes == ["bursty"] and p.replay.vllm.draws == 2
     assert p.replay.vllm.policies is None or set(p.replay.vllm.policies) <= {"fixed_h", "wa_diloco"}
@@ -198,6 +192,15 @@ def test_run_params_merge_the_selection_and_narrow_the_vllm_subset(tmp_path: Pat
         parse_params(bad)
     with pytest.raises(ValueError, match="not in the base params"):
         sup.merge_run_params(_repo_params(), {"regimes": ["nope"]})
+    # the profile is composed before (`syncsafe profile`), never set on other params by the selection
+    with pytest.raises(ValueError, match="syncsafe profile gpu"):
+        sup.merge_run_params(_repo_params(), {"profile": "gpu"})
+
+
+def test_tiny_conf_runs_the_composed_tiny_profile(tiny_raw) -> None:
+    p = parse_params(sup.merge_run_params(tiny_raw(), copy.deepcopy(TINY_CONF)))
+    assert p.profile == "tiny" and p.overlays == ["tiny"] and list(p.regimes) == ["bursty"] and p.seeds == [0]
+    assert p.control.policies == ["fixed_h", "wa_diloco"] and not p.replay.vllm.enabled
 
 
 def test_pipeline_run_id_and_stage_commands_are_shell_safe() -> None:
@@ -254,7 +257,7 @@ def test_nightly_dag_runs_the_cpu_profile_with_tiny_params(airflow_home: Path, t
 
     (run_dir,) = (work / "syncsafe_nightly").iterdir()
     params = parse_params(yaml.safe_load((run_dir / "params.yaml").read_text()))
-    assert params.profile == "cpu" and list(params.regimes) == ["bursty"]
+    assert params.profile == "tiny" and list(params.regimes) == ["bursty"]
     for policy in ("fixed_h", "wa_diloco"):
         assert (run_dir / "runs" / "train" / "bursty" / policy / "seed-0" / "metrics.json").is_file()
     schedules = pd.read_csv(run_dir / "runs" / "schedules" / "index.csv")

@@ -2,7 +2,7 @@
 
 A tiny Llama is built with transformers and saved as a local Hugging Face
 model directory, a local dataset directory holds JSONL documents, and the gpu
-profile (with `train.device: cpu`, small sizes) runs traces -> train (hub
+profile stacked with the tiny one (with `train.device: cpu`, small sizes) runs traces -> train (hub
 model and dataset path, islands over gloo) -> export -> schedules -> a real
 vLLM CPU replay of the trained export. Hub ids resolve through the local
 Hugging Face cache; an id that is not there is one clear line naming it.
@@ -22,7 +22,7 @@ from syncsafe.cli import app
 from syncsafe.config import VllmReplay, parse_params
 from syncsafe.diloco.hub import local_island_texts, resolve_model
 from syncsafe.errors import BadInput
-from syncsafe.profiles import apply_profile
+from syncsafe.profiles import compose_file
 
 REPO = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
@@ -82,7 +82,7 @@ def test_gpu_profile_replay_of_an_absent_hub_model_exits_2_naming_it(tmp_path, m
     from syncsafe.serving.vllm_replay import served_model
 
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
-    raw = apply_profile(yaml.safe_load((REPO / "params.yaml").read_text()), "gpu")
+    raw = compose_file(REPO / "params.yaml", ["gpu"])
     raw["train"]["hub"]["model"] = "SomeOrg/never-downloaded"
     with pytest.raises(BadInput, match="'SomeOrg/never-downloaded' is not in the local Hugging Face cache"):
         served_model(parse_params(raw), tmp_path)
@@ -99,10 +99,8 @@ def test_local_dataset_shards_round_robin_and_repeat(tmp_path):
 
 def _gpu_params(tmp_path: Path) -> Path:
     cpu = yaml.safe_load((REPO / "params.yaml").read_text())
-    raw = apply_profile(cpu, "gpu")
-    raw["seeds"] = [0]
+    raw = compose_file(REPO / "params.yaml", ["gpu", "tiny"])  # one regime (bursty, 120 s), one seed
     raw["traces"] = cpu["traces"]  # request sizes the tiny model serves
-    raw["regimes"] = {"bursty": {**cpu["regimes"]["bursty"], "duration_s": 120}}
     primary = raw.get("analysis", {}).get("primary", {}).get("policy", "wa_diloco")
     raw["control"]["policies"] = [primary]
     raw["schedules"] = {**raw.get("schedules", {}), "random_draws": 1, "source": "train"}
@@ -129,7 +127,7 @@ def test_gpu_profile_trains_exports_and_serves_on_cpu(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     params = _gpu_params(tmp_path)
     p = parse_params(yaml.safe_load(params.read_text()))
-    assert p.profile == "gpu" and not p.train.uses_cuda(p.profile)
+    assert p.profile == "gpu+tiny" and (p.train.device, p.train.source) == ("cpu", "hub")
     root = tmp_path / "project"
     policy = p.control.policies[0]
     for cmd in (["traces"], ["train"], ["schedules", "build"], ["schedules", "index"],

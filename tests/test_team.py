@@ -32,12 +32,8 @@ from syncsafe.team.daemons import listening, process
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "team.sh"
 DAG_ID = "syncsafe_nightly"
-#: The Makefile's airflow-nightly-tiny conf: cpu profile, one regime and seed, two policies, vLLM off.
-TINY_CONF = {
-    "profile": "cpu", "regimes": ["bursty"], "seeds": [0], "policies": ["fixed_h", "wa_diloco"],
-    "random_draws": 2, "vllm": False,
-    "overrides": {"regimes": {"bursty": {"duration_s": 120}}, "train": {"corpus_bytes": 300000, "eval_batches": 2}},
-}
+#: The Makefile's airflow-nightly-tiny conf: the tiny profile (one regime and seed, two policies), vLLM off.
+TINY_CONF = {"profile": "tiny", "vllm": False}
 #: DAG task -> the ``stage`` tag of the MLflow run its stage process logs.
 STAGE_OF_TASK = {"traces": "traces", "train": "train", "schedules_build": "schedules",
                  "replay_simulator": "replay-simulator", "analyze": "analyze"}

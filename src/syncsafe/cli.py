@@ -283,7 +283,7 @@ def compare(
 @app.command()
 @_fails_cleanly
 def profile(
-    name: Annotated[str, typer.Argument(help="cpu | gpu")],
+    name: Annotated[str, typer.Argument(help="cpu | gpu | tiny (overlays in syncsafe/profiles/)")],
     out: Annotated[Path, typer.Option("--out", help="params file to write")],
     params: ParamsOpt = Path("params.yaml"),
 ) -> None:
@@ -291,15 +291,9 @@ def profile(
     import yaml
 
     from syncsafe import io
-    from syncsafe.config import parse_params, read_yaml
-    from syncsafe.profiles import apply_profile
+    from syncsafe.profiles import compose_file
 
-    try:
-        text = Path(params).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{params}: file not found") from None
-    raw = apply_profile(read_yaml(text, str(params)), name)
-    parse_params(raw, f"{params} + profile {name}")
+    raw = compose_file(params, [name])
     io.write_text(out, yaml.safe_dump(raw, sort_keys=False))
     typer.echo(f"{out}: profile {name}")
 

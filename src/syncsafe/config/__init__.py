@@ -5,6 +5,11 @@
 (`regimes.bursty.window_s: ...`). Unknown keys are errors, not silently
 ignored: a typo must never fall back to a default.
 
+`profile` is a label, never read for behaviour: what runs where is spelled
+by explicit settings (`train.device`, `train.source`, ...). The label must
+match `overlays`, the profile overlays the params were composed from
+(`syncsafe.profiles.compose`), so a hand-set label cannot make a hybrid.
+
 Keys that other tools edit and that keep their names: `profile`, `seeds`,
 `regimes.<name>.{kind, duration_s, period_s, window_s, phase_s}`,
 `merge.window_s`, `merge.min_gap_s`, `schedules.random_draws`.
@@ -18,7 +23,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import yaml
 from pydantic import Field, ValidationError, model_validator
@@ -50,13 +55,20 @@ from syncsafe.config.sections import (
 )
 from syncsafe.config.workload import BurstyRegime, PressureHeavyRegime, Regime, RequestShape, SteadyRegime, TraceRegime, TracesConfig
 
-__all__ = ["AnalysisConfig", "BurstyRegime", "CONTROLLER_POLICIES", "CalibratedConfig", "ConfigError", "ControlConfig", "FidelityTargets", "FixedHConfig", "ForecastConfig", "Fraction", "HarnessConfig", "HubSource", "LiveConfig", "LookaheadConfig", "MergeConfig", "ModelShape", "PositiveFloat", "PressureGateConfig", "PressureHeavyRegime", "PrimaryTest", "RESERVED_SERVER_ARGS", "RandomDeferralConfig", "Regime", "ReplayConfig", "RequestShape", "SchedulesConfig", "ScoreWeights", "SimulatorReplay", "SloConfig", "SteadyRegime", "Strict", "TraceRegime", "TracesConfig", "TrainConfig", "VllmReplay", "Params", "load_params", "parse_params", "read_yaml"]
+__all__ = ["AnalysisConfig", "BurstyRegime", "CONTROLLER_POLICIES", "CalibratedConfig", "ConfigError", "ControlConfig", "FidelityTargets", "FixedHConfig", "ForecastConfig", "Fraction", "HarnessConfig", "HubSource", "LiveConfig", "LookaheadConfig", "MergeConfig", "ModelShape", "PositiveFloat", "PressureGateConfig", "PressureHeavyRegime", "PrimaryTest", "RESERVED_SERVER_ARGS", "RandomDeferralConfig", "Regime", "ReplayConfig", "RequestShape", "SchedulesConfig", "ScoreWeights", "SimulatorReplay", "SloConfig", "SteadyRegime", "Strict", "TraceRegime", "TracesConfig", "TrainConfig", "VllmReplay", "BASE_PROFILE", "Params", "load_params", "profile_label", "parse_params", "read_yaml"]
 
 # --------------------------------------------------------------------------- root
 
+#: The `profile` label of params.yaml itself (no overlay applied).
+BASE_PROFILE = "cpu"
+
 
 class Params(Strict):
-    profile: Literal["cpu", "gpu"] = "cpu"
+    #: A label only (tracking tags, reports): the overlays these params were composed from, joined by "+",
+    #: or `cpu` for params.yaml itself. Written by `syncsafe profile`, checked against `overlays`.
+    profile: str = BASE_PROFILE
+    #: The profile overlays (`syncsafe.profiles`) applied to the base params, in order.
+    overlays: list[str] = Field(default_factory=list)
     seeds: list[Annotated[int, Field(ge=0)]] = Field(min_length=1)
     traces: TracesConfig = TracesConfig()
     regimes: dict[str, Regime] = Field(min_length=1)
@@ -71,6 +83,11 @@ class Params(Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> Params:
+        label = profile_label(self.overlays)
+        if self.profile != label:
+            raise ValueError(f"profile: {self.profile!r} does not match the overlays these params hold "
+                             f"({self.overlays}, label {label!r}); write a profile's params with "
+                             f"`syncsafe profile {self.profile}` instead of setting the label by hand")
         if len(set(self.seeds)) != len(self.seeds):
             raise ValueError("seeds must not repeat a seed")
         for name in self.regimes:
@@ -93,9 +110,9 @@ class Params(Strict):
                 )
             if not _is_multiple(regime.duration_s, step):
                 raise ValueError(f"regimes.{name}.duration_s must be a multiple of traces.step_s ({step})")
-        if self.profile == "cpu" and self.train.seq_len > self.train.model.max_position_embeddings:
+        if self.train.source == "builtin" and self.train.seq_len > self.train.model.max_position_embeddings:
             raise ValueError(f"train.seq_len ({self.train.seq_len}) must be <= train.model.max_position_embeddings "
-                             f"({self.train.model.max_position_embeddings}) in the cpu profile")
+                             f"({self.train.model.max_position_embeddings}) with train.source: builtin")
         vllm = self.replay.vllm
         for key, chosen, allowed in (
             ("replay.vllm.regimes", vllm.regimes, list(self.regimes)),
@@ -121,6 +138,11 @@ class Params(Strict):
         if vllm.draws > self.schedules.random_draws:
             raise ValueError(f"replay.vllm.draws ({vllm.draws}) must be <= schedules.random_draws ({self.schedules.random_draws})")
         return self
+
+
+def profile_label(overlays: list[str]) -> str:
+    """The `profile` label of params composed from `overlays`: their names joined by "+", `cpu` for none."""
+    return "+".join(overlays) or BASE_PROFILE
 
 
 def _is_multiple(value: float, step: float) -> bool:

@@ -121,7 +121,7 @@ class HarnessConfig(Strict):
 
 
 class ModelShape(Strict):
-    """cpu profile: the tiny Llama built locally (vocab comes from the tokenizer)."""
+    """`train.source: builtin`: the tiny Llama built locally (vocab comes from the tokenizer)."""
 
     hidden_size: Annotated[int, Field(ge=8)] = 128
     num_layers: Annotated[int, Field(ge=1)] = 2
@@ -132,7 +132,7 @@ class ModelShape(Strict):
 
 
 class HubSource(Strict):
-    """gpu profile: a Hugging Face model to continue training and a streamed dataset."""
+    """`train.source: hub`: a Hugging Face model to continue training and a streamed dataset."""
 
     model: str = "HuggingFaceTB/SmolLM2-135M"
     dataset: str = "HuggingFaceFW/fineweb-edu"
@@ -147,7 +147,7 @@ class TrainConfig(Strict):
     model: ModelShape = ModelShape()
     hub: HubSource = HubSource()
     vocab_size: Annotated[int, Field(ge=300)] = 1024
-    #: Bytes of stdlib source text in the cpu-profile corpus.
+    #: Bytes of stdlib source text in the builtin corpus (`source: builtin`).
     corpus_bytes: Annotated[int, Field(ge=10_000)] = 1_500_000
     seq_len: Annotated[int, Field(ge=2)] = 64
     batch_size: Annotated[int, Field(ge=1)] = 4
@@ -167,12 +167,13 @@ class TrainConfig(Strict):
     on_island_failure: Literal["fail", "continue"] = "fail"
     #: Intra-op threads per island process.
     torch_threads: Annotated[int, Field(ge=1)] = 1
-    #: Where islands train: auto = CUDA (NCCL) in the gpu profile, CPU (gloo) in the cpu profile;
-    #: `cpu` runs the gpu profile's hub model and dataset path on CPU (a rehearsal without GPUs).
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-
-    def uses_cuda(self, profile: str) -> bool:
-        return self.device == "cuda" or (self.device == "auto" and profile == "gpu")
+    #: Where islands train: `cpu` (gloo) or `cuda` (NCCL, one GPU per island process, bfloat16 for a hub model).
+    device: Literal["cpu", "cuda"] = "cpu"
+    #: What islands train and on which text: `builtin` = a tiny Llama built from `train.model` on the offline
+    #: stdlib corpus (`corpus_bytes`) with a BPE tokenizer trained on it (`vocab_size`); `hub` = `train.hub`'s
+    #: model, tokenizer and dataset (hub ids or local directories). Also what the vLLM replay serves when
+    #: there is no trained export.
+    source: Literal["builtin", "hub"] = "builtin"
 
     @model_validator(mode="after")
     def _shapes(self) -> TrainConfig:
@@ -205,7 +206,8 @@ class VllmReplay(Strict):
     enabled: bool = True
     #: Python of the environment vLLM is installed in (`make vllm-env` builds .venv-vllm).
     python: str = ".venv-vllm/bin/python"
-    #: Model to serve: a path or hub name; null = the trained export (cpu) / train.hub.model (gpu).
+    #: Model to serve: a path or hub name; null = the trained export, else the model training starts from
+    #: (`train.source`).
     model: str | None = None
     regimes: list[str] = Field(default_factory=lambda: ["bursty"], min_length=1)
     #: Seeds to replay; null = the first four of `seeds` (one to fit, three held out).
@@ -228,7 +230,7 @@ class VllmReplay(Strict):
     #: Trace seconds replayed per wall second (1 = real time).
     time_scale: PositiveFloat = 4.0
     #: Replay only the first this-many trace seconds of each schedule.
-    max_trace_s: PositiveFloat = 240.0
+    max_trace_s: PositiveFloat = 60.0
     startup_timeout_s: PositiveFloat = 900.0
     request_timeout_s: PositiveFloat = 120.0
     #: In-flight cap of the load generator; waits it causes are recorded per request.

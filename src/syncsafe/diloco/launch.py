@@ -115,7 +115,7 @@ def _first_lost(exits: dict[int, tuple[int, Exit]]) -> Exit | None:
 def train_regime(params: Params, params_path: Path, regime: str, root: Path = Path("."), resume: bool = False,
                  policies: list[str] | None = None, seeds: list[int] | None = None) -> list[Path]:
     """Train every (policy, seed) run of `regime`; returns the run directories."""
-    if params.profile == "cpu":
+    if params.train.source == "builtin":
         prepare_tokenizer(params, root)  # once, before the islands race for the cache
     runs = [(p, s) for p in (policies or params.control.policies) for s in (seeds or params.seeds)]
     islands = list(range(params.train.islands))

@@ -1,10 +1,10 @@
-"""Model, tokenizer and data for a training process, per profile.
+"""Model, tokenizer and data for a training process, per `train.source`.
 
-- cpu: the offline stdlib corpus, a byte-level BPE tokenizer trained on it
+- builtin: the offline stdlib corpus, a byte-level BPE tokenizer trained on it
   (cached under `models/tokenizer`, keyed by corpus and vocab size) and a
   tiny Llama built from `train.model`, seeded by the run's seed so every
   island starts from the same weights.
-- gpu: a Hugging Face model and tokenizer (hub id through the local cache,
+- hub: a Hugging Face model and tokenizer (hub id through the local cache,
   or a local directory) and a streamed hub dataset or a local dataset
   directory, island i reading shard i of M+1 (shard M is held out for eval).
 """
@@ -35,7 +35,7 @@ def model_spec(params: Params, seed: int) -> TinyLlamaSpec:
 
 
 def prepare_tokenizer(params: Params, root: Path):
-    """Build (or reuse) the cpu-profile corpus and tokenizer; returns both.
+    """Build (or reuse) the builtin source's corpus and tokenizer; returns both.
 
     Concurrent callers (parallel train tasks of a DAG) serialize on a lock
     file beside the cache, so one builds and the others reuse.
@@ -50,7 +50,7 @@ def prepare_tokenizer(params: Params, root: Path):
     return corpus, tokenizer
 
 
-def cpu_resources(params: Params, root: Path, world: World) -> Resources:
+def builtin_resources(params: Params, root: Path, world: World) -> Resources:
     cfg = params.train
     corpus, tokenizer = prepare_tokenizer(params, root)
     held_out = eval_batches(corpus, tokenizer, cfg.seq_len, cfg.batch_size, max_batches=cfg.eval_batches)
@@ -66,8 +66,8 @@ def cpu_resources(params: Params, root: Path, world: World) -> Resources:
                      batches_for=batches_for, eval_batches=held_out)
 
 
-def gpu_resources(params: Params, world: World) -> Resources:
-    """gpu profile: a Hugging Face model and dataset, each a hub id (through the local cache) or a local
+def hub_resources(params: Params, world: World) -> Resources:
+    """`train.source: hub`: a Hugging Face model and dataset, each a hub id (through the local cache) or a local
     directory (`syncsafe.diloco.hub`); bfloat16 on CUDA, float32 when `train.device: cpu` rehearses the path."""
     from transformers import AutoTokenizer
 

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from syncsafe.config import Params, load_params
 from syncsafe.diloco.islands import Fault
-from syncsafe.diloco.resources import cpu_resources, gpu_resources
+from syncsafe.diloco.resources import builtin_resources, hub_resources
 from syncsafe.diloco.run import World, is_complete, train_dir, train_run
 from syncsafe.procs import LOOPBACK, loopback_store
 
@@ -36,7 +36,7 @@ def _world(params: Params, island_ids: list[int] | None) -> World:
     ids = tuple(island_ids) if island_ids else tuple(range(size))
     if len(ids) != size:
         raise SystemExit(f"--island-ids names {len(ids)} islands but WORLD_SIZE is {size}")
-    if params.train.uses_cuda(params.profile):
+    if params.train.device == "cuda":
         local = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local)
         device = torch.device("cuda", local)
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         dist.init_process_group(backend, init_method="env://", rank=world.rank, world_size=world.world_size,
                                 timeout=timeout)
     try:
-        res = gpu_resources(params, world) if params.profile == "gpu" else cpu_resources(params, args.root, world)
+        res = hub_resources(params, world) if params.train.source == "hub" else builtin_resources(params, args.root, world)
         fault = Fault.from_env()
         for policy in args.policy or params.control.policies:
             for seed in args.seed or params.seeds:

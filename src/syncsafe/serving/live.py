@@ -58,7 +58,7 @@ from syncsafe.control.fallback import SafeFallback
 from syncsafe.control.live_signals import LiveSignals, SignalSettings, http_fetch
 from syncsafe.control.policies import Policy, build_policy
 from syncsafe.control.types import Decision
-from syncsafe.diloco.resources import cpu_resources
+from syncsafe.diloco.resources import builtin_resources
 from syncsafe.procs import die_with_parent
 from syncsafe.schedules.action_space import ActionSpace
 from syncsafe.schedules.schedule import Schedule, write_schedule
@@ -180,7 +180,7 @@ class LiveSession:
         self.work = MergeInterference(cfg.interference, cfg.interference_workers, numel)
         self.loadgen = ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn"),  # dies with the sidecar
                                            initializer=die_with_parent, initargs=(os.getpid(),))
-        self.res = cpu_resources(params, root, cpu_world(0, params.train.islands, params))
+        self.res = builtin_resources(params, root, cpu_world(0, params.train.islands, params))
         self._stack = ExitStack()
         self.warmed = params.live.warmup_s == 0
 

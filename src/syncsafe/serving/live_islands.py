@@ -203,10 +203,10 @@ def main(argv: list[str] | None = None) -> int:
     dist.init_process_group("gloo", store=loopback_store(rank, size, int(os.environ["MASTER_PORT"]), timeout),
                             rank=rank, world_size=size, timeout=timeout)
     try:
-        from syncsafe.diloco.resources import cpu_resources
+        from syncsafe.diloco.resources import builtin_resources
 
         world = cpu_world(rank, size, params)
-        island = make_island(params, world, cpu_resources(params, args.root, world), args.seed)
+        island = make_island(params, world, builtin_resources(params, args.root, world), args.seed)
         dist.barrier()
         follow(island, params.train.token_weighted, checkpointer(args.run_dir, island))
     finally:

@@ -117,8 +117,9 @@ def vllm_policies(params: Params) -> list[str]:
 
 
 def served_model(params: Params, root: Path) -> Path | str:
-    """What the server serves: the configured model, else the trained export, else (gpu profile) the hub
-    model, else a locally built tiny model. Hub ids resolve through the local Hugging Face cache."""
+    """What the server serves: the configured model, else the trained export, else the model training
+    starts from (`train.source`: hub = train.hub.model; builtin = a locally built untrained tiny model).
+    Hub ids resolve through the local Hugging Face cache."""
     from syncsafe.diloco.hub import resolve_model
 
     cfg = params.replay.vllm
@@ -128,7 +129,7 @@ def served_model(params: Params, root: Path) -> Path | str:
     trained = layout.train_run_dir(root, cfg.regimes[0], vllm_policies(params)[0], seed) / layout.MODEL_DIR
     if (trained / "config.json").is_file():
         return trained
-    if params.profile == "gpu":
+    if params.train.source == "hub":
         return resolve_model(params.train.hub.model, "train.hub.model")
     return build_untrained_model(params, root)
 
