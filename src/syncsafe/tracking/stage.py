@@ -126,7 +126,7 @@ def tracked_stage(
     try:
         keys = stage_sections(stage) if sections is None else list(sections)
         values = section_params(params, [k.format(regime=regime) for k in keys]) if params is not None else {}
-        profile = str(getattr(params, "profile", "") or "")
+        profile = str((params.get("profile") if isinstance(params, Mapping) else getattr(params, "profile", "")) or "")
         session.open(flatten_params(values), profile, bool(system_metrics))
     except Exception as err:  # noqa: BLE001 - any store failure, by policy
         session.fail("could not start tracking", err)
@@ -400,15 +400,7 @@ def stage_run(
 ) -> contextlib.AbstractContextManager[StageHandle]:
     """Deprecated: :func:`tracked_stage` without a collector, the stage params given as a section."""
     return tracked_stage(
-        stage, root=root, params=_Params(params_section or {}, profile), regime=regime or None,
+        stage, root=root, params={**(params_section or {}), "profile": profile}, regime=regime or None,
         sections=list(params_section or {}), system_metrics=system_metrics, strict=strict,
         experiment=experiment, collect=False,
     )  # fmt: skip
-
-
-class _Params(dict):
-    """A params mapping with a ``profile`` attribute (the old entry points' ``profile=``)."""
-
-    def __init__(self, mapping: Mapping[str, Any], profile: str) -> None:
-        super().__init__(mapping)
-        self.profile = profile
