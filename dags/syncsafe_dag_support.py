@@ -58,6 +58,7 @@ GPU routing (the tasks that need an accelerator: ``train`` and ``replay_vllm``):
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -70,6 +71,19 @@ DAGS_DIR = Path(__file__).resolve().parent
 TAGS_BASE = ["syncsafe"]
 #: The stage CLI's module, run with the pipeline's python.
 CLI = "syncsafe.cli"
+#: The pipeline's stages in topological order (name, task, queue, regimes, after: the stages it reads
+#: from), written by `syncsafe dvc-yaml` from syncsafe.pipeline.declarations beside dvc.yaml.
+STAGES_FILE = DAGS_DIR / "syncsafe_stages.json"
+
+
+def declared_stages() -> list[dict[str, Any]]:
+    """The declared stages, in the order the nightly DAG runs them."""
+    return json.loads(STAGES_FILE.read_text(encoding="utf-8"))["stages"]
+
+
+def queue_kwargs(stage: dict[str, Any]) -> dict[str, Any]:
+    """Operator arguments of a declared stage's task: GPU routing for the `gpu` queue, nothing else."""
+    return gpu_task_kwargs() if stage["queue"] == "gpu" else {}
 
 
 def repo_dir() -> Path:

@@ -1,10 +1,16 @@
 """syncsafe_nightly: the whole pipeline, every night, in its own working directory.
 
 ```
-prepare ─► traces[regime] ─► train_resources ─► train[regime × policy × seed] ─► schedules_build[regime]
-  ─► schedules_index ─► replay_vllm ─► calibrate_fit ─► replay_simulator[regime] ─► replay_index ─► fidelity ─► analyze
-train ─► live (skipped unless live.enabled) ────────────────────────────────────────────────────────────────────┘
+prepare ─► traces[regime] ─► train[regime × policy × seed] ─► schedules[regime] ─► schedule_index
+  ─► replay_vllm ─► calibrate_fit ─► replay_simulator[regime] ─► replay_index ─► fidelity ─► analyze
+train_resources ─► train ─► live (skipped unless live.enabled) ─► analyze
 ```
+
+- The stage tasks and their order come from the stage declarations
+  (``syncsafe.pipeline.declarations``, the source of dvc.yaml too), read from
+  ``dags/syncsafe_stages.json`` (written by ``syncsafe dvc-yaml``): each stage's
+  task runs after every stage whose outputs it reads (the diagram shows the
+  main line), on its declared queue (cpu or gpu).
 
 - ``prepare`` applies the chosen profile's overlay to the repo's
   ``params.yaml`` (``syncsafe profile``), merges the DAG params onto it
@@ -40,8 +46,8 @@ train ─► live (skipped unless live.enabled) ──────────�
   its verdicts license no serving claim.
 - ``live`` runs ``syncsafe live`` (the controller as a sidecar beside a real
   vLLM server, on the wall clock) after training; skipped unless ``live.enabled``.
-- GPU tasks (``train``, ``replay_vllm``, ``live``) go to the GPU queue / pool /
-  executor of ``syncsafe_dag_support.gpu_task_kwargs``.
+- GPU tasks (the stages declared on the ``gpu`` queue: ``train``, ``replay_vllm``,
+  ``live``) go to the GPU queue / pool / executor of ``syncsafe_dag_support.gpu_task_kwargs``.
 - Every task exports ``SYNCSAFE_PIPELINE_RUN_ID=airflow-syncsafe_nightly-<run_id>``:
   each stage's MLflow run lands under one pipeline run per DAG run.
 
@@ -55,19 +61,29 @@ import sys
 from pathlib import Path
 
 import pendulum
-from airflow.sdk import Param, chain, dag, task
+from airflow.sdk import Param, dag, task
 
 _HERE = str(Path(__file__).resolve().parent)
 if _HERE not in sys.path:  # Airflow puts a bundle's root on sys.path; dags/ may sit below it (git bundle)
     sys.path.append(_HERE)
 from syncsafe_dag_support import (  # noqa: E402
     TAGS_BASE,
+    declared_stages,
     default_args,
-    gpu_task_kwargs,
+    queue_kwargs,
     stage_command,
 )
 
 DAG_ID = "syncsafe_nightly"
+#: The pipeline's stages (syncsafe.pipeline.declarations, via dags/syncsafe_stages.json): each stage's
+#: task runs after the stages it reads from, on its declared queue.
+STAGES = {stage["name"]: stage for stage in declared_stages()}
+
+
+def _stage(name: str) -> dict:
+    """Task arguments of stage `name`: its queue's routing; it runs unless an upstream task failed
+    (a stage that is off for this run is skipped, and its readers run on what there is)."""
+    return {"trigger_rule": "none_failed", **queue_kwargs(STAGES[name])}
 _NAME = {"type": "string", "pattern": "^[A-Za-z0-9_-]+$"}
 
 
@@ -169,7 +185,7 @@ def syncsafe_nightly():
         return {"run": run, "regimes": regimes, "train_runs": train_runs, "vllm": bool(p["replay"]["vllm"]["enabled"]),
                 "live": bool(p["live"]["enabled"])}
 
-    @task.bash(map_index_template="{{ syncsafe_item }}")
+    @task.bash(map_index_template="{{ syncsafe_item }}", **_stage("traces"))
     def traces(run: dict, regime: str) -> str:
         _label(regime)
         return stage_command(run, "traces", "--regime", regime)
@@ -189,7 +205,7 @@ def syncsafe_nightly():
         return "\n".join([sup.shell_env(run), f"cd {shlex.quote(run['workdir'])}",
                           "exec " + shlex.join([run["python"], "-c", code])])
 
-    @task.bash(map_index_template="{{ syncsafe_item }}", **gpu_task_kwargs())
+    @task.bash(map_index_template="{{ syncsafe_item }}", **_stage("train"))
     def train(run: dict, item: dict) -> str:
         from airflow.sdk import get_current_context
 
@@ -198,21 +214,21 @@ def syncsafe_nightly():
         return stage_command(run, "train", "--regime", item["regime"], "--policy", item["policy"],
                              "--seed", str(item["seed"]), *resume)
 
-    @task.bash(map_index_template="{{ syncsafe_item }}", trigger_rule="none_failed")
-    def schedules_build(run: dict, regime: str) -> str:
+    @task.bash(map_index_template="{{ syncsafe_item }}", **_stage("schedules"))
+    def schedules(run: dict, regime: str) -> str:
         _label(regime)
         return stage_command(run, "schedules", "build", "--regime", regime)
 
-    @task.bash
-    def schedules_index(run: dict) -> str:
+    @task.bash(**_stage("schedule-index"))
+    def schedule_index(run: dict) -> str:
         return stage_command(run, "schedules", "index")
 
-    @task.bash(map_index_template="{{ syncsafe_item }}")
+    @task.bash(map_index_template="{{ syncsafe_item }}", **_stage("replay-simulator"))
     def replay_simulator(run: dict, regime: str) -> str:
         _label(regime)
         return stage_command(run, "replay", "run", "--backend", "simulator", "--regime", regime)
 
-    @task.bash(**gpu_task_kwargs())
+    @task.bash(**_stage("replay-vllm"))
     def replay_vllm(run: dict, enabled: bool) -> str:
         if not enabled:
             from airflow.sdk.exceptions import AirflowSkipException
@@ -225,19 +241,19 @@ def syncsafe_nightly():
         params = sup.vllm_params_here(Path(run["workdir"]), sup.repo_dir())
         return stage_command(run, "replay", "run", "--backend", "vllm", params=params)
 
-    @task.bash(trigger_rule="none_failed")
+    @task.bash(**_stage("replay-index"))
     def replay_index(run: dict) -> str:
         return stage_command(run, "replay", "index", params=None)
 
-    @task.bash(trigger_rule="none_failed")
+    @task.bash(**_stage("calibrate-fit"))
     def calibrate_fit(run: dict) -> str:
         return stage_command(run, "calibrate-fit")
 
-    @task.bash(trigger_rule="none_failed")
+    @task.bash(**_stage("fidelity"))
     def fidelity(run: dict) -> str:
         return stage_command(run, "fidelity")
 
-    @task.bash(**gpu_task_kwargs())
+    @task.bash(**_stage("live"))
     def live(run: dict, enabled: bool) -> str:
         """The controller as a sidecar beside a real vLLM server on the wall clock (live.enabled)."""
         if not enabled:
@@ -251,7 +267,7 @@ def syncsafe_nightly():
         params = sup.vllm_params_here(Path(run["workdir"]), sup.repo_dir())
         return stage_command(run, "live", "--stage", params=params)
 
-    @task.bash(trigger_rule="none_failed")
+    @task.bash(**_stage("analyze"))
     def analyze(run: dict) -> str:
         return stage_command(run, "analyze")
 
@@ -266,17 +282,26 @@ def syncsafe_nightly():
     plan = prepare()
     run = plan["run"]
     names = regimes(plan)
-    t = traces.partial(run=run).expand(regime=names)
-    res = train_resources(run)
-    tr = train.partial(run=run).expand(item=train_grid(plan))
-    sb = schedules_build.partial(run=run).expand(regime=names)
-    si = schedules_index(run)
-    rs = replay_simulator.partial(run=run).expand(regime=names)
-    rv = replay_vllm(run, plan["vllm"])
-    ri = replay_index(run)
-    an = analyze(run)
-    chain(t, res, tr, sb, si, rv, calibrate_fit(run), rs, ri, fidelity(run), an)
-    chain(tr, live(run, plan["live"]), an)
+    tasks = {
+        "traces": traces.partial(run=run).expand(regime=names),
+        "train": train.partial(run=run).expand(item=train_grid(plan)),
+        "schedules": schedules.partial(run=run).expand(regime=names),
+        "schedule-index": schedule_index(run),
+        "replay-vllm": replay_vllm(run, plan["vllm"]),
+        "calibrate-fit": calibrate_fit(run),
+        "replay-simulator": replay_simulator.partial(run=run).expand(regime=names),
+        "replay-index": replay_index(run),
+        "fidelity": fidelity(run),
+        "live": live(run, plan["live"]),
+        "analyze": analyze(run),
+    }
+    if set(tasks) != set(STAGES):
+        raise ValueError(f"the DAG's stage tasks {sorted(tasks)} are not the declared stages {sorted(STAGES)}: "
+                         "add or remove the task (dags/syncsafe_stages.json: `syncsafe dvc-yaml`)")
+    for name, stage in STAGES.items():  # declared (topological) order
+        for upstream in stage["after"]:
+            tasks[upstream] >> tasks[name]
+    train_resources(run) >> tasks["train"]
 
 
 syncsafe_nightly()

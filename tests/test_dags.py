@@ -26,6 +26,7 @@ import pytest
 import yaml
 
 from syncsafe.config import parse_params
+from syncsafe.pipeline.declarations import STAGES, topological_order, upstream
 
 REPO = Path(__file__).resolve().parents[1]
 DAGS = REPO / "dags"
@@ -129,21 +130,29 @@ def test_dagbag_imports_cleanly_and_every_dag_has_tags_and_retries(tmp_path: Pat
     assert "daily" in nightly["schedule"].lower() or "0 0 * * *" in nightly["schedule"]
     assert {"profile", "regimes", "seeds", "policies", "random_draws", "overrides"} <= set(nightly["params"])
     tasks = nightly["tasks"]
-    # the stage order: traces -> train -> schedules -> real replay -> fit -> simulator replay -> fidelity -> analyze
-    assert "traces" in tasks["train_resources"]["upstream"] and "train_resources" in tasks["train"]["upstream"]
-    assert "train" in tasks["schedules_build"]["upstream"]
-    assert "schedules_build" in tasks["schedules_index"]["upstream"]
-    assert "schedules_index" in tasks["replay_vllm"]["upstream"]
-    assert "replay_vllm" in tasks["calibrate_fit"]["upstream"]
-    assert "calibrate_fit" in tasks["replay_simulator"]["upstream"]  # the simulator replays use the fit
-    assert "replay_simulator" in tasks["replay_index"]["upstream"]
-    assert "replay_index" in tasks["fidelity"]["upstream"]
-    assert "fidelity" in tasks["analyze"]["upstream"]
-    # GPU work goes to the GPU queue and pool; the rest stays on the default ones
-    for task_id in ("train", "replay_vllm", "live"):
-        assert (tasks[task_id]["queue"], tasks[task_id]["pool"]) == ("gpu", "gpu"), task_id
-    for task_id in ("traces", "schedules_build", "replay_simulator", "analyze"):
-        assert tasks[task_id]["pool"] == "default_pool", task_id
+    # every declared stage is a task (the stage name with underscores), after exactly the stages it
+    # reads from, so the DAG runs the stages in the declarations' topological order
+    task = {spec.name: spec.name.replace("-", "_") for spec in STAGES}
+    stage_tasks = set(task.values())
+    for spec in STAGES:
+        assert set(tasks[task[spec.name]]["upstream"]) & stage_tasks == {task[n] for n in upstream(spec)}, spec.name
+    order: list[str] = []
+    while len(order) < len(STAGES):
+        order.append(next(s.name for s in STAGES if s.name not in order
+                          and set(tasks[task[s.name]]["upstream"]) & stage_tasks <= {task[n] for n in order}))
+    assert order == topological_order()
+    # the calibration loop: real replay -> fit -> simulator replays on the fit -> fidelity -> analyze
+    assert order.index("replay-vllm") < order.index("calibrate-fit") < order.index("replay-simulator")
+    assert order.index("replay-simulator") < order.index("fidelity") < order.index("analyze")
+    assert "train_resources" in tasks["train"]["upstream"]
+    # GPU work (the stages declared on the gpu queue) goes to the GPU queue and pool; the rest stays on the default ones
+    assert {s.name for s in STAGES if s.queue == "gpu"} == {"train", "replay-vllm", "live"}
+    for spec in STAGES:
+        t = tasks[task[spec.name]]
+        if spec.queue == "gpu":
+            assert (t["queue"], t["pool"]) == ("gpu", "gpu"), spec.name
+        else:
+            assert t["pool"] == "default_pool", spec.name
 
 
 def test_gpu_tasks_follow_the_routing_environment(tmp_path: Path) -> None:
