@@ -178,3 +178,45 @@ def test_dvc_repro_in_a_fresh_copy_then_nothing_to_do(tmp_path, repo_root, raw_p
     assert second.returncode == 0
     assert "Running stage" not in second.stdout
     assert "up to date" in second.stdout
+
+
+def test_dvc_yaml_command_writes_the_render_and_check_names_a_stage_that_differs(tmp_path, cli):
+    root = tmp_path / "checkout"
+    (root / "dags").mkdir(parents=True)
+    cli("dvc-yaml", "--root", root)
+    assert "match the declarations" in cli("dvc-yaml", "--check", "--root", root)
+    stages = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
+    assert stages["train"]["foreach"] == "${regimes}" and "stages/train.py" in stages["train"]["do"]["deps"]
+    text = (root / "dvc.yaml").read_text()
+    (root / "dvc.yaml").write_text(text.replace("      - src/syncsafe/diloco\n", "", 1))  # train's first use of it
+    result = CliRunner().invoke(app, ["dvc-yaml", "--check", "--root", str(root)])
+    assert result.exit_code == 1 and "stage train" in result.output and "stage traces" not in result.output
+    assert (root / "dvc.yaml").read_text() != text  # --check writes nothing
+
+
+_LOADED = """
+import runpy, sys
+sys.argv = [sys.argv[1], *sys.argv[2:]]
+runpy.run_path(sys.argv[0], run_name="__main__")
+print("LOADED", " ".join(sorted(m for m in sys.modules if m.startswith("syncsafe"))))
+"""
+
+
+def test_a_stage_script_runs_its_entry_alone_with_the_cli_s_outputs(tmp_path, params_file, cli, repo_root):
+    """stages/traces.py writes what `syncsafe traces` writes, and loads none of the other stages' code."""
+    by_cli, by_script = tmp_path / "cli", tmp_path / "script"
+    cli("traces", "--regime", "bursty", "--params", params_file, "--root", by_cli)
+    env = {**os.environ, "PYTHONPATH": str(repo_root / "src")}
+    args = [sys.executable, "-c", _LOADED, str(repo_root / "stages" / "traces.py"), "--regime", "bursty",
+            "--params", str(params_file), "--root", str(by_script)]
+    done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert _all_files(by_cli) == _all_files(by_script) and _all_files(by_cli)
+    loaded = next(line for line in done.stdout.splitlines() if line.startswith("LOADED")).split()[1:]
+    assert "syncsafe.pipeline.entries.traces" in loaded and "syncsafe.traces.stage" in loaded
+    assert not [m for m in loaded if m.startswith(("syncsafe.cli", "syncsafe.analysis", "syncsafe.serving",
+                                                   "syncsafe.diloco", "syncsafe.pipeline.entries.train"))]
+    bad = subprocess.run([*args[:5], "nope", *args[6:]], capture_output=True, text=True, env=env, timeout=300)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        "error: --regime 'nope': not a regime in params.yaml (have " + repr(sorted(yaml.safe_load(
+            params_file.read_text())["regimes"])) + ")"]

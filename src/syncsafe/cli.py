@@ -302,11 +302,15 @@ def profile(
 @_fails_cleanly
 def dvc_yaml(
     check: Annotated[bool, typer.Option("--check", help="write nothing; exit 1 naming what differs")] = False,
+    root: Annotated[Path | None, typer.Option("--root", help="where dvc.yaml and dags/ are; default: this checkout")] = None,
 ) -> None:
-    """Write dvc.yaml and the nightly DAG's stage order (dags/syncsafe_stages.json) from the stage declarations."""
+    """Write dvc.yaml and the nightly DAG's stage order (dags/syncsafe_stages.json) from the stage declarations.
+
+    Code deps are paths of this checkout's src/syncsafe (the package imported), relative to it.
+    """
     from syncsafe.pipeline import dvc_yaml as render
 
-    root = render.project_root()
+    root = render.project_root() if root is None else root
     if check:
         diffs = render.differences(root)
         if diffs:

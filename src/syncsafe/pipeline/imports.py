@@ -32,12 +32,6 @@ def module_file(name: str) -> Path | None:
     return None
 
 
-def module_name(path: Path) -> str:
-    """The dotted name of a source file under src/ (a package's __init__.py names the package)."""
-    parts = path.resolve().relative_to(SRC).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
 def _package_of(path: Path) -> str:
     return ".".join(path.resolve().relative_to(SRC).with_suffix("").parts[:-1]) if path.resolve().is_relative_to(SRC) else ""
 
