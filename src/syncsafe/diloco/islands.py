@@ -2,8 +2,9 @@
 
 One process per island. Rank 0 runs the trace-time controller
 (`syncsafe.control.controller.run_controller`) with `DistributedLearners`,
-which turns each `train_cycle` and `merge` into a command broadcast to the
-other ranks; those run `follow`, executing commands until told to stop. Every
+which turns each `train_cycle` and `merge` into a command sent to the other
+ranks over a `Channel` (commands down, reports up, one wait per cycle on each
+side); those run `follow`, executing commands until told to stop. Every
 island trains on its own shard with its own inner AdamW; a merge is the
 DiLoCo outer step (`OuterOptimizer.merge`) over one all-reduce.
 
@@ -149,29 +150,63 @@ def _collective_device(model: torch.nn.Module) -> torch.device | None:
     return device if device.type == "cuda" else None
 
 
-def _broadcast_command(cmd: int, arg: int = 0) -> tuple[int, int]:
-    buf = torch.tensor([cmd, arg], dtype=torch.long)
-    if dist.get_backend() == "nccl":
-        buf = buf.cuda()
-    dist.broadcast(buf, src=0)
-    return int(buf[0]), int(buf[1])
+REPORT_FIELDS = 5
 
 
-def _gather_reports(report: LearnerReport) -> list[LearnerReport]:
-    """Every island's report, in rank order (one all-gather of 5 floats per island)."""
-    mine = torch.tensor(
-        [report.island, report.loss_start, report.loss_end, report.tokens_since_merge, report.staleness_steps],
-        dtype=torch.float64,
-    )
-    if dist.get_backend() == "nccl":
-        mine = mine.cuda()
-    parts = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, mine)
-    return [
-        LearnerReport(island=int(p[0]), loss_start=float(p[1]), loss_end=float(p[2]),
-                      tokens_since_merge=int(p[3]), staleness_steps=int(p[4]))
-        for p in (t.cpu() for t in parts)
-    ]
+class Channel:
+    """Rank 0's commands down and every island's report up, each side blocking once per cycle.
+
+    A cycle is: rank 0 sends the command, every island trains, the reports go
+    up to rank 0, rank 0 decides. Rank 0 does not wait for its command to be
+    received (the broadcast runs in the background and is settled before the
+    next collective), and a follower does not wait for its report to be
+    received (the gather runs in the background while it waits for the next
+    command). So rank 0 waits only for the reports it decides on, and a
+    follower only for the command it executes: the same commands and reports
+    as one blocking broadcast and one all-gather per cycle, with one wait
+    fewer on each side. Buffers are allocated once.
+    """
+
+    def __init__(self, device: torch.device | None = None) -> None:
+        self.rank, self.size = dist.get_rank(), dist.get_world_size()
+        self.device = device if device is not None else (torch.device("cuda") if dist.get_backend() == "nccl"
+                                                         else torch.device("cpu"))
+        self._cmd = torch.zeros(2, dtype=torch.long, device=self.device)
+        self._mine = torch.zeros(REPORT_FIELDS, dtype=torch.float64, device=self.device)
+        self._parts = [torch.empty_like(self._mine) for _ in range(self.size)] if self.rank == 0 else None
+        self._pending: list[dist.Work] = []
+
+    def settle(self) -> None:
+        """Wait for the collectives still in flight (before reusing a buffer or issuing another collective)."""
+        while self._pending:
+            self._pending.pop(0).wait()
+
+    def send(self, cmd: int, arg: int = 0) -> None:
+        """Rank 0: broadcast a command without waiting for it to be received."""
+        self.settle()
+        self._cmd[0], self._cmd[1] = cmd, arg
+        self._pending.append(dist.broadcast(self._cmd, src=0, async_op=True))
+
+    def receive(self) -> tuple[int, int]:
+        """Ranks > 0: the next command (the only wait of a follower's cycle; its report may still be in flight)."""
+        dist.broadcast(self._cmd, src=0)
+        cmd, arg = self._cmd.tolist()
+        return int(cmd), int(arg)
+
+    def report(self, report: LearnerReport) -> list[LearnerReport] | None:
+        """Every island's report to rank 0, in rank order; rank 0 waits for them, the others do not."""
+        self.settle()
+        self._mine.copy_(torch.tensor([report.island, report.loss_start, report.loss_end, report.tokens_since_merge,
+                                       report.staleness_steps], dtype=torch.float64))
+        if self.rank != 0:
+            self._pending.append(dist.gather(self._mine, None, dst=0, async_op=True))
+            return None
+        dist.gather(self._mine, self._parts, dst=0)
+        return [
+            LearnerReport(island=int(p[0]), loss_start=float(p[1]), loss_end=float(p[2]),
+                          tokens_since_merge=int(p[3]), staleness_steps=int(p[4]))
+            for p in (t.tolist() for t in self._parts)
+        ]
 
 
 class DistributedLearners:
@@ -181,31 +216,38 @@ class DistributedLearners:
         self.island = island
         self.token_weighted = token_weighted
         self.on_merged = on_merged
+        self.channel = Channel(_collective_device(island.model))
         #: Wall seconds spent in control cycles (training plus the command and report collectives).
         self.cycle_wall_s = 0.0
 
     def train_cycle(self, steps: int) -> list[LearnerReport]:
         started = time.perf_counter()
-        _broadcast_command(CMD_TRAIN, steps)
-        reports = _gather_reports(self.island.train_steps(steps))
+        self.channel.send(CMD_TRAIN, steps)
+        reports = self.channel.report(self.island.train_steps(steps))
         self.cycle_wall_s += time.perf_counter() - started
+        assert reports is not None
         return reports
 
     def merge(self) -> None:
-        _broadcast_command(CMD_MERGE)
+        self.channel.send(CMD_MERGE)
+        self.channel.settle()
         self.on_merged(self.island.merge(self.token_weighted))
 
     def stop(self) -> None:
-        _broadcast_command(CMD_STOP)
+        self.channel.send(CMD_STOP)
+        self.channel.settle()
 
 
 def follow(island: Island, token_weighted: bool, on_merged: Callable[[MergeStats], None]) -> None:
     """Ranks > 0: execute rank 0's commands until it says stop."""
+    channel = Channel(_collective_device(island.model))
     while True:
-        cmd, arg = _broadcast_command(0)
+        cmd, arg = channel.receive()
         if cmd == CMD_TRAIN:
-            _gather_reports(island.train_steps(arg))
-        elif cmd == CMD_MERGE:
+            channel.report(island.train_steps(arg))
+            continue
+        channel.settle()
+        if cmd == CMD_MERGE:
             on_merged(island.merge(token_weighted))
         elif cmd == CMD_STOP:
             return

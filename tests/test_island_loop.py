@@ -1,0 +1,65 @@
+"""The island loop's command/report channel leaves training unchanged (slow: real 2-island gloo runs).
+
+The values below were recorded with the loop as it was before the channel
+(one blocking command broadcast and one report all-gather per cycle), on
+the cpu profile (torch 2.13 CPU, 2 islands, gloo), the project of
+tests/test_train.py with fixed_h and wa_diloco (which reads every island's
+loss in its reports). The channel must reproduce the same merges at the same
+decision points and the same losses.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from syncsafe.config import load_params
+from syncsafe.diloco.launch import train_regime
+from syncsafe.diloco.run import train_dir
+from syncsafe.traces.stage import build_traces
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[1]
+
+RECORDED = {
+    "fixed_h": {"merge_starts_s": [40.0, 88.0], "merge_steps": [8, 16], "decisions": [False, True, False, True, False],
+                "final_eval_loss": 6.821231660388765, "loss_sum": 247.73625707626343},
+    "wa_diloco": {"merge_starts_s": [60.0, 88.0], "merge_steps": [12, 16], "decisions": [False, False, True, True, False],
+                  "final_eval_loss": 6.695786733475942, "loss_sum": 247.64888620376587},
+}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("island-loop")
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["seeds"] = [0]
+    raw["regimes"] = {"bursty": {**raw["regimes"]["bursty"], "duration_s": 120}}
+    raw["control"]["policies"] = list(RECORDED)
+    raw["replay"]["vllm"]["policies"] = ["fixed_h"]
+    raw["analysis"]["primary"]["policy"] = "fixed_h"
+    raw["train"].update({"corpus_bytes": 300_000, "eval_batches": 2, "collective_timeout_s": 20})
+    path = root / "params.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    build_traces(load_params(path), "bursty", root)
+    train_regime(load_params(path), path, "bursty", root)
+    return root
+
+
+@pytest.mark.parametrize("policy", list(RECORDED))
+def test_same_schedule_and_losses_as_the_recorded_loop(trained, policy):
+    run = train_dir(trained, "bursty", policy, 0)
+    want = RECORDED[policy]
+    schedule = json.loads((run / "schedule.json").read_text())
+    decisions = [json.loads(line) for line in (run / "decisions.jsonl").read_text().splitlines()]
+    assert schedule["merge_starts_s"] == want["merge_starts_s"]
+    assert pd.read_csv(run / "merges.csv")["step"].tolist() == want["merge_steps"]
+    assert [d["merge"] for d in decisions] == want["decisions"]
+    assert all([r["island"] for r in d["reports"]] == [0, 1] for d in decisions), "every island's report, rank order"
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["final_eval_loss"] == pytest.approx(want["final_eval_loss"], rel=1e-9)
+    assert float(pd.read_csv(run / "losses.csv")["loss"].sum()) == pytest.approx(want["loss_sum"], rel=1e-9)
