@@ -35,7 +35,7 @@ DAG_ID = "syncsafe_nightly"
 #: The Makefile's airflow-nightly-tiny conf: the tiny profile (one regime and seed, two policies), vLLM off.
 TINY_CONF = {"profile": "tiny", "vllm": False}
 #: DAG task -> the ``stage`` tag of the MLflow run its stage process logs.
-STAGE_OF_TASK = {"traces": "traces", "train": "train", "schedules_build": "schedules",
+STAGE_OF_TASK = {"traces": "traces", "train": "train", "schedules": "schedules",
                  "replay_simulator": "replay-simulator", "analyze": "analyze"}
 
 pytestmark = [pytest.mark.slow,
