@@ -211,7 +211,7 @@ def test_stage_level_collectors_read_live_calibration_fidelity_and_reports(tmp_p
     assert sorted(Path(p).name for p in fit.artifacts) == ["calibration.json", "report.md"]
 
     _write(tmp_path / layout.FIDELITY_EVIDENCE, json.dumps(
-        {"calibration": "fitted", "p95_rel_error_max": 0.25, "sync_ratio_sim_over_real": None}))
+        {"calibration": "fitted", "p95_rel_error_max": 0.25, "sync_ratio_paired_sim_over_real": None}))
     fidelity = collect_stage("fidelity", tmp_path, params, None)
     assert fidelity.metrics == {"fidelity.p95_rel_error_max": 0.25}
 

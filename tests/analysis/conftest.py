@@ -44,11 +44,11 @@ def build_runs():
     return runs_frame
 
 
-def mechanism_for(*regimes: str, sync_ratio: float = 1.3) -> MechanismEvidence:
+def mechanism_for(*regimes: str, sync_ratio_paired: float = 1.3) -> MechanismEvidence:
     """Mechanism evidence whose drift-corrected bound is just below the paired ratio."""
     return MechanismEvidence(regimes={
-        r: {"sync_ratio_paired": sync_ratio, "drift_ratio": 1.0, "gate_ratio": sync_ratio,
-            "gate_ratio_ci_low": sync_ratio * 0.98} for r in regimes})
+        r: {"sync_ratio_paired": sync_ratio_paired, "drift_ratio": 1.0, "gate_ratio": sync_ratio_paired,
+            "gate_ratio_ci_low": sync_ratio_paired * 0.98} for r in regimes})
 
 
 def licensed_fidelity(*regimes: str, policy: str = "wa_diloco", seeds: Sequence[int] = (0, 1, 2)) -> FidelityEvidence:
@@ -56,7 +56,7 @@ def licensed_fidelity(*regimes: str, policy: str = "wa_diloco", seeds: Sequence[
     return FidelityEvidence(
         calibration="fitted", fit_seeds=[9], held_out_seeds=list(seeds), n_held_out_replays=4 * len(seeds),
         p95_rel_error_max=0.1, p95_rel_error_mean=0.05, slo_abs_error_pp_max=1.0, slo_abs_error_pp_mean=0.5,
-        sync_ratio_sim_over_real=1.0,
+        sync_ratio_paired_sim_over_real=1.0,
         sign_agreement=[{"regime": r, "policy": policy, "seed": s, "n_draws": 3, "real_delta_pct": -2.0,
                          "sim_delta_pct": -1.5} for r in regimes for s in seeds],
     )

@@ -38,7 +38,7 @@ def test_without_mechanism_evidence_only_stress_harness(clear_winner, mechanism,
     licensed = fidelity("bursty")
     assert tiers_of(clear_winner, None, licensed)["wa_diloco"] is Tier.STRESS_HARNESS_ONLY
     assert tiers_of(clear_winner, mechanism("steady"), licensed)["wa_diloco"] is Tier.STRESS_HARNESS_ONLY
-    assert tiers_of(clear_winner, mechanism("bursty", sync_ratio=1.06), licensed)["wa_diloco"] is Tier.STRESS_HARNESS_ONLY
+    assert tiers_of(clear_winner, mechanism("bursty", sync_ratio_paired=1.06), licensed)["wa_diloco"] is Tier.STRESS_HARNESS_ONLY
 
 
 def test_a_missing_drift_control_fails_the_mechanism_gate(clear_winner, fidelity):
@@ -98,7 +98,7 @@ def test_gates_in_order_with_reasons(mechanism, fidelity):
     assert top.tier is Tier.BEATS_MATCHED_RANDOM and "10/10 seeds won" in top.reason and "gap closed 80%" in top.reason
     loses_cadence = assign_verdict(row(p_vs_fixed_cadence_adjusted=0.3), evidence, fidelity=licensed)
     assert loses_cadence.tier is Tier.MECHANISM_TRANSFERS and "evenly spaced" in loses_cadence.reason
-    weak = assign_verdict(row(), mechanism("bursty", sync_ratio=1.01), fidelity=licensed)
+    weak = assign_verdict(row(), mechanism("bursty", sync_ratio_paired=1.01), fidelity=licensed)
     assert weak.tier is Tier.STRESS_HARNESS_ONLY and "0.99" in weak.reason
     assert assign_verdict(row(), None).reason.startswith("no real-backend mechanism evidence")
     reference = assign_verdict(row(policy="no_sync"), evidence)

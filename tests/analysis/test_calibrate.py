@@ -246,6 +246,10 @@ def test_drift_discounts_the_effect_and_no_effect_fails_the_gate():
 def test_legacy_mechanism_files_read_with_unambiguous_names():
     m = MechanismEvidence.model_validate({"regimes": {REGIME: {"sync_ratio": 1.4, "pressure_ratio": 1.2}}})
     assert m.regimes[REGIME].sync_ratio_paired == 1.4 and not m.shows(REGIME)
+    old = MechanismEvidence.model_validate({"regimes": {}, "sync_ratio_threshold": 1.2})
+    assert old.gate_ratio_threshold == 1.2
+    fid = FidelityEvidence.model_validate({"calibration": "fitted", "sync_ratio_sim_over_real": 0.9})
+    assert fid.sync_ratio_paired_sim_over_real == 0.9
 
 
 # --------------------------------------------------------------------------- fidelity
@@ -256,7 +260,7 @@ def test_fidelity_is_exact_with_the_generating_parameters(records):
     evidence, table, _ = fidelity_evidence(held, TRUTH.model_copy(update={"fitted": True}), fit_seeds=[0],
                                            held_out_seeds=[1], targets=FidelityTargets())
     assert len(table) == 4 and table["p95_rel_error"].max() < 1e-9 and table["slo_abs_error_pp"].max() < 1e-9
-    assert evidence.sync_ratio_sim_over_real == pytest.approx(1.0)
+    assert evidence.sync_ratio_paired_sim_over_real == pytest.approx(1.0)
     [sign] = evidence.sign_agreement
     assert (sign.policy, sign.seed, sign.n_draws) == ("fixed_h", 1, 2) and sign.agree
     assert evidence.licenses(), evidence.failures()

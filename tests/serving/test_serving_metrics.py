@@ -37,7 +37,7 @@ def test_summary_arithmetic():
     assert s.slo_violation_rate == pytest.approx(3 / 6)  # 2000 and 3000 ms, plus the failed request
     assert s.e2e_p50_ms == 1500.0 and s.ttft_p50_ms == 200.0  # of the five succeeded requests
     # merge-active p95 of [2000, 3000] over inactive p95 of [500, 1000, 1500] (linear interpolation)
-    assert s.sync_ratio == pytest.approx(2950.0 / 1450.0)
+    assert s.sync_ratio_unpaired == pytest.approx(2950.0 / 1450.0)
     # pressure >= 0.5: [1500, 2000, 3000] (the failed request at 0.5 has no latency); below: [500, 1000]
     assert s.pressure_ratio == pytest.approx(2900.0 / 975.0)
     assert s.span_s == pytest.approx(6.5)  # first send 0 s, last completion 5 s + 1.5 s
@@ -62,14 +62,14 @@ def test_violation_rate_counts_every_set_bound_and_every_failure(slo, rate):
 def test_empty_groups_give_no_ratio():
     no_sync = table().assign(merge_active=False)
     s = summarize(no_sync, SloSpec(e2e_ms=1800.0), high_pressure_threshold=2.0)
-    assert s.sync_ratio is None and s.pressure_ratio is None and s.requests_during_merges == 0
+    assert s.sync_ratio_unpaired is None and s.pressure_ratio is None and s.requests_during_merges == 0
 
 
 def test_all_failed_keeps_every_request_as_a_violation():
     failed = table().assign(error="connection refused", ttft_ms=NAN, e2e_ms=NAN, output_tokens_received=0)
     s = summarize(failed, SloSpec(e2e_ms=1800.0), 0.5)
     assert (s.n_requests, s.n_failed, s.slo_violation_rate) == (6, 6, 1.0)
-    assert s.e2e_p95_ms is None and s.sync_ratio is None and s.goodput_rps == 0.0
+    assert s.e2e_p95_ms is None and s.sync_ratio_unpaired is None and s.goodput_rps == 0.0
 
 
 def test_summary_round_trips_as_json_without_nan():

@@ -138,7 +138,7 @@ def test_mechanism_shows_in_the_summary(params):
     tl, reqs = bursty_load(params)
     merged = simulate_replay(reqs, tl, schedule([30.0, 80.0, 150.0, 200.0]), CAL, seed=0)
     summary = summarize(merged, SloSpec(e2e_ms=2000.0), high_pressure_threshold=0.5)
-    assert summary.sync_ratio is not None and summary.sync_ratio > 1.3
+    assert summary.sync_ratio_unpaired is not None and summary.sync_ratio_unpaired > 1.3
     assert summary.pressure_ratio is not None and summary.pressure_ratio > 1.0
 
 

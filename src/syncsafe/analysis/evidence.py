@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from syncsafe.config import FidelityTargets
 
-DEFAULT_SYNC_RATIO_THRESHOLD = 1.05
+DEFAULT_GATE_RATIO_THRESHOLD = 1.05
 
 
 class RegimeMechanism(BaseModel):
@@ -75,8 +75,17 @@ class MechanismEvidence(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     regimes: dict[str, RegimeMechanism]
-    #: The bootstrap lower bound of the drift-corrected paired sync ratio must exceed this.
-    sync_ratio_threshold: float = Field(default=DEFAULT_SYNC_RATIO_THRESHOLD, ge=1.0)
+    #: The bootstrap lower bound of `gate_ratio` (the drift-corrected paired sync ratio) must exceed this.
+    gate_ratio_threshold: float = Field(default=DEFAULT_GATE_RATIO_THRESHOLD, ge=1.0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_names(cls, data: Any) -> Any:
+        """`sync_ratio_threshold` (its old name: it bounds the gate ratio) reads as `gate_ratio_threshold`."""
+        if isinstance(data, dict) and "sync_ratio_threshold" in data:
+            data = dict(data)
+            data.setdefault("gate_ratio_threshold", data.pop("sync_ratio_threshold"))
+        return data
 
     @classmethod
     def read(cls, path: str | Path) -> MechanismEvidence:
@@ -92,9 +101,9 @@ class MechanismEvidence(BaseModel):
             return "no drift control (no repeated no-sync replay): the measurement licenses nothing"
         if m.gate_ratio_ci_low is None:
             return "no bootstrap bound of the drift-corrected sync ratio"
-        if not m.gate_ratio_ci_low > self.sync_ratio_threshold:
+        if not m.gate_ratio_ci_low > self.gate_ratio_threshold:
             return (f"lower 95 % bound {m.gate_ratio_ci_low:.3g} of the drift-corrected paired sync ratio "
-                    f"<= {self.sync_ratio_threshold:.3g}")
+                    f"<= {self.gate_ratio_threshold:.3g}")
         return None
 
     def shows(self, regime: str) -> bool:
@@ -109,9 +118,9 @@ class MechanismEvidence(BaseModel):
         if m.drift_ratio is not None:
             text += f", drift {m.drift_ratio:.3g}"
         if m.gate_ratio_ci_low is not None:
-            relation = ">" if m.gate_ratio_ci_low > self.sync_ratio_threshold else "<="
+            relation = ">" if m.gate_ratio_ci_low > self.gate_ratio_threshold else "<="
             text += (f", drift-corrected {m.gate_ratio:.3g} (95 % lower bound {m.gate_ratio_ci_low:.3g} {relation} "
-                     f"{self.sync_ratio_threshold:.3g}, block bootstrap)")
+                     f"{self.gate_ratio_threshold:.3g}, block bootstrap)")
         failure = self.failure(regime)
         return text + (f"; {failure}" if failure and m.drift_ratio is None else "")
 
@@ -155,10 +164,19 @@ class FidelityEvidence(BaseModel):
     #: Paired sync ratio (twin-defined merge-active p95 / same ids in no-sync) over the held-out replays.
     sync_ratio_paired_real: float | None = None
     sync_ratio_paired_sim: float | None = None
-    sync_ratio_sim_over_real: float | None = None
+    sync_ratio_paired_sim_over_real: float | None = None
     sign_agreement: list[SignAgreement] = Field(default_factory=list)
     #: Why the simulator is not (or only partly) trusted, in words for the report.
     notes: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_names(cls, data: Any) -> Any:
+        """`sync_ratio_sim_over_real` (its old name) reads as `sync_ratio_paired_sim_over_real`."""
+        if isinstance(data, dict) and "sync_ratio_sim_over_real" in data:
+            data = dict(data)
+            data.setdefault("sync_ratio_paired_sim_over_real", data.pop("sync_ratio_sim_over_real"))
+        return data
 
     @classmethod
     def read(cls, path: str | Path) -> FidelityEvidence:
@@ -177,9 +195,9 @@ class FidelityEvidence(BaseModel):
              f"<= {t.p95_rel_error_max:.0%}", lambda v: f"{v:.0%}"),
             ("held-out SLO-rate error", self.slo_abs_error_pp_max, lambda v: v <= t.slo_abs_error_pp_max,
              f"<= {t.slo_abs_error_pp_max:g} pp", lambda v: f"{v:.3g} pp"),
-            ("paired sync ratio sim/real", self.sync_ratio_sim_over_real,
-             lambda v: t.sync_ratio_low <= v <= t.sync_ratio_high, f"in [{t.sync_ratio_low:g}, {t.sync_ratio_high:g}]",
-             lambda v: f"{v:.3g}"),
+            ("paired sync ratio sim/real", self.sync_ratio_paired_sim_over_real,
+             lambda v: t.sync_ratio_paired_low <= v <= t.sync_ratio_paired_high,
+             f"in [{t.sync_ratio_paired_low:g}, {t.sync_ratio_paired_high:g}]", lambda v: f"{v:.3g}"),
         )
         for name, value, ok, target, fmt in checks:
             if value is None:

@@ -61,7 +61,7 @@ def headline_metrics(policies: pd.DataFrame, *, alpha: float, fidelity: Fidelity
                 "fitted": int(fidelity.calibration == "fitted"),
                 "p95_rel_error_max": fidelity.p95_rel_error_max,
                 "slo_abs_error_pp_max": fidelity.slo_abs_error_pp_max,
-                "sync_ratio_sim_over_real": fidelity.sync_ratio_sim_over_real,
+                "sync_ratio_paired_sim_over_real": fidelity.sync_ratio_paired_sim_over_real,
                 "sign_agreement": sum(a.agree for a in agreements) / len(agreements) if agreements else None,
             }
         )

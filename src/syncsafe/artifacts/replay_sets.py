@@ -24,7 +24,7 @@ from syncsafe.artifacts.layout import PathLike
 
 INDEX_COLUMNS = ("regime", "policy", "seed", "draw", "backend", "slo_violation_rate", "p95_ms", "p99_ms",
                  "n_requests", "n_failed", "path")
-EXTRA_COLUMNS = ("matched_to", "source", "n_merges", "schedule", "ttft_p95_ms", "sync_ratio", "pressure_ratio",
+EXTRA_COLUMNS = ("matched_to", "source", "n_merges", "schedule", "ttft_p95_ms", "sync_ratio_unpaired", "pressure_ratio",
                  "requests_during_merges", "tokens_per_s", "goodput_rps", "valid")
 #: What every summary.json holds (see `syncsafe.serving.metrics.summarize`); plus the SLO and backend facts.
 SUMMARY_KEYS = ("slo_violation_rate", "e2e_p95_ms", "e2e_p99_ms", "n_requests", "n_failed")

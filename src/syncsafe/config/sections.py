@@ -336,14 +336,16 @@ class FidelityTargets(Strict):
     p95_rel_error_max: PositiveFloat = 0.15
     #: Largest absolute error of a replay's SLO-violation rate, in percentage points.
     slo_abs_error_pp_max: PositiveFloat = 3.0
-    #: Paired sync ratio simulated / real must lie in [low, high].
-    sync_ratio_low: PositiveFloat = 0.8
-    sync_ratio_high: PositiveFloat = 1.25
+    #: The paired sync ratio (merge-active p95 / the same requests' p95 in no-sync), simulated / real,
+    #: must lie in [sync_ratio_paired_low, sync_ratio_paired_high].
+    sync_ratio_paired_low: PositiveFloat = 0.8
+    sync_ratio_paired_high: PositiveFloat = 1.25
 
     @model_validator(mode="after")
     def _ordered(self) -> FidelityTargets:
-        if self.sync_ratio_low > self.sync_ratio_high:
-            raise ValueError(f"sync_ratio_low ({self.sync_ratio_low}) must be <= sync_ratio_high ({self.sync_ratio_high})")
+        if self.sync_ratio_paired_low > self.sync_ratio_paired_high:
+            raise ValueError(f"sync_ratio_paired_low ({self.sync_ratio_paired_low}) must be <= "
+                             f"sync_ratio_paired_high ({self.sync_ratio_paired_high})")
         return self
 
 

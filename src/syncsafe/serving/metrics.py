@@ -74,7 +74,7 @@ class ReplaySummary(BaseModel):
     """Latency, SLO and throughput figures of one replay.
 
     Percentiles and ratios are None when no succeeded request backs them
-    (e.g. `sync_ratio` of a no-sync replay, which has no merge-active group).
+    (e.g. `sync_ratio_unpaired` of a no-sync replay, which has no merge-active group).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -88,8 +88,9 @@ class ReplaySummary(BaseModel):
     e2e_p50_ms: float | None
     e2e_p95_ms: float | None
     e2e_p99_ms: float | None
-    #: p95 E2E of merge-active requests / p95 E2E of the others.
-    sync_ratio: float | None
+    #: p95 E2E of merge-active requests / p95 E2E of the others in the same replay (unpaired: the groups
+    #: are different requests under different load; the paired ratio is `analysis.calibration.mechanism`'s).
+    sync_ratio_unpaired: float | None
     #: p95 E2E at inference pressure >= the threshold / below it.
     pressure_ratio: float | None
     high_pressure_threshold: float
@@ -159,7 +160,7 @@ def summarize(results: pd.DataFrame, slo: SloSpec, high_pressure_threshold: floa
         slo_violation_rate=float(violates.mean()),
         **_percentiles("ttft", ttft[ok]),
         **_percentiles("e2e", e2e[ok]),
-        sync_ratio=p95_ratio(e2e[ok & merge_active], e2e[ok & ~merge_active]),
+        sync_ratio_unpaired=p95_ratio(e2e[ok & merge_active], e2e[ok & ~merge_active]),
         pressure_ratio=p95_ratio(e2e[ok & high_pressure], e2e[ok & ~high_pressure]),
         high_pressure_threshold=high_pressure_threshold,
         tokens_per_s=_per_second(tokens, span),

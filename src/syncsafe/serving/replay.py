@@ -91,7 +91,7 @@ def index_row(row: pd.Series, backend: str, schedule: Schedule, summary: dict, p
         "p99_ms": summary["e2e_p99_ms"], "n_requests": summary["n_requests"], "n_failed": summary["n_failed"],
         "path": path.relative_to(root).as_posix(),
         "matched_to": row["matched_to"], "source": row["source"], "n_merges": schedule.n_merges,
-        "schedule": row["path"], "ttft_p95_ms": summary["ttft_p95_ms"], "sync_ratio": summary["sync_ratio"],
+        "schedule": row["path"], "ttft_p95_ms": summary["ttft_p95_ms"], "sync_ratio_unpaired": summary["sync_ratio_unpaired"],
         "pressure_ratio": summary["pressure_ratio"], "requests_during_merges": summary["requests_during_merges"],
         "tokens_per_s": summary["tokens_per_s"], "goodput_rps": summary["goodput_rps"],
         # false: too many failures or a late load generator (serving.metrics.replay_validity); licenses nothing

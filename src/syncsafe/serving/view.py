@@ -18,10 +18,10 @@ def print_replay_summary(root: Path = Path("."), console: Console | None = None)
     for (backend, regime), part in index.groupby(["backend", "regime"], sort=False):
         table = Table(title=f"{backend} · regime {regime}", title_justify="left")
         for col, justify in (("policy", "left"), ("replays", "right"), ("SLO violations", "right"),
-                             ("p95 ms", "right"), ("sync ratio", "right")):
+                             ("p95 ms", "right"), ("sync ratio (unpaired)", "right")):
             table.add_column(col, justify=justify)
         agg = part.groupby("label", sort=True).agg(n=("seed", "size"), slo=("slo_violation_rate", "mean"),
-                                                   p95=("p95_ms", "mean"), sync=("sync_ratio", "mean"))
+                                                   p95=("p95_ms", "mean"), sync=("sync_ratio_unpaired", "mean"))
         for label, rec in agg.iterrows():
             sync = "" if rec.sync != rec.sync else f"{rec.sync:.2f}"
             table.add_row(escape(label), str(int(rec.n)), f"{rec.slo:.1%}", f"{rec.p95:.0f}", sync)

@@ -175,7 +175,7 @@ def calibrate_fit(root: Path, params: Any, regime: str | None) -> Collected:
 
 
 _FIDELITY_METRICS = ("p95_rel_error_max", "p95_rel_error_mean", "slo_abs_error_pp_max", "slo_abs_error_pp_mean",
-                     "sync_ratio_sim_over_real")
+                     "sync_ratio_paired_sim_over_real")
 
 
 @register("fidelity", ["replay", "analysis"])

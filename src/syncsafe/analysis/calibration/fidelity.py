@@ -104,7 +104,7 @@ def fidelity_evidence(
         slo_abs_error_pp_max=float(slo_err.max()) if slo_err.size else None,
         slo_abs_error_pp_mean=float(slo_err.mean()) if slo_err.size else None,
         sync_ratio_paired_real=real_ratio, sync_ratio_paired_sim=sim_ratio,
-        sync_ratio_sim_over_real=sim_ratio / real_ratio if real_ratio and sim_ratio else None,
+        sync_ratio_paired_sim_over_real=sim_ratio / real_ratio if real_ratio and sim_ratio else None,
         sign_agreement=sign_agreement(table), notes=list(notes),
     )  # fmt: skip
     return evidence, table, sims

@@ -190,7 +190,7 @@ def mechanism_evidence(records: Sequence[ReplayRecord], high_pressure: float, th
             skipped.append(regime)
         else:
             regimes[regime] = measured
-    extra = {} if threshold is None else {"sync_ratio_threshold": threshold}
+    extra = {} if threshold is None else {"gate_ratio_threshold": threshold}
     return MechanismEvidence(regimes=regimes, **extra), skipped
 
 

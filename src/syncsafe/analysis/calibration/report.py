@@ -56,7 +56,7 @@ def render_fit_report(calibration: Calibration, diagnostics: Mapping[str, object
         "",
         "Merge-active: the request's no-sync twin lived through a merge window. Gate: the block-bootstrap lower 95 % "
         f"bound of paired sync ratio / drift (no-sync repeated last vs first) must exceed "
-        f"{mechanism.sync_ratio_threshold:g}; a missing drift control fails it.",
+        f"{mechanism.gate_ratio_threshold:g}; a missing drift control fails it.",
         "",
     ]
     for regime in sorted(mechanism.regimes):
@@ -81,7 +81,7 @@ def render_fidelity_report(evidence: FidelityEvidence, table: pd.DataFrame) -> s
         f"Calibration: **{evidence.calibration}**; fit seeds {evidence.fit_seeds}, held-out seeds "
         f"{evidence.held_out_seeds} ({evidence.n_held_out_replays} real replays). Targets: p95 error <= "
         f"{t.p95_rel_error_max:.0%}, SLO-rate error <= {t.slo_abs_error_pp_max:g} pp, paired sync ratio sim/real in "
-        f"[{t.sync_ratio_low:g}, {t.sync_ratio_high:g}], same sign of controller-minus-random on every held-out seed.",
+        f"[{t.sync_ratio_paired_low:g}, {t.sync_ratio_paired_high:g}], same sign of controller-minus-random on every held-out seed.",
         "",
         f"Verdict: {verdict}.",
         "",
@@ -90,7 +90,7 @@ def render_fidelity_report(evidence: FidelityEvidence, table: pd.DataFrame) -> s
         f"| SLO-rate error (pp) | {fmt(evidence.slo_abs_error_pp_max)} | {fmt(evidence.slo_abs_error_pp_mean)} |",
         "",
         f"Paired sync ratio: real {fmt(evidence.sync_ratio_paired_real)}, simulated "
-        f"{fmt(evidence.sync_ratio_paired_sim)}, sim/real {fmt(evidence.sync_ratio_sim_over_real)}.",
+        f"{fmt(evidence.sync_ratio_paired_sim)}, sim/real {fmt(evidence.sync_ratio_paired_sim_over_real)}.",
         "",
         "## Per held-out replay",
         "",
