@@ -126,11 +126,9 @@ def test_a_failed_run_exits_1_and_click_exits_pass_through(tmp_path):
 
 
 @pytest.mark.slow
-def test_lost_island_exits_3(tmp_path, monkeypatch):
-    raw = yaml.safe_load((REPO / "params.yaml").read_text())
-    raw["seeds"] = [0]
-    raw["regimes"] = {"bursty": {**raw["regimes"]["bursty"], "duration_s": 120}}
-    raw["train"].update({"corpus_bytes": 300_000, "eval_batches": 2, "collective_timeout_s": 20})
+def test_lost_island_exits_3(tmp_path, monkeypatch, tiny_raw):
+    raw = tiny_raw()
+    raw["train"]["collective_timeout_s"] = 20
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump(raw))
     assert _run("traces", "--params", path, "--root", tmp_path).exit_code == 0

@@ -26,14 +26,10 @@ REPO = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 
 
-def make_project(root: Path) -> Path:
-    """One seed, 60 trace s per live run (15 wall s); fixed_h at min_h merges at every decision it can."""
-    raw = yaml.safe_load((REPO / "params.yaml").read_text())
-    raw["seeds"] = [0]
-    raw["regimes"] = {"bursty": {**raw["regimes"]["bursty"], "duration_s": 120}}
-    raw["control"]["policies"] = ["fixed_h", "wa_diloco"]
+def make_project(root: Path, raw: dict) -> Path:
+    """The tiny profile (`raw`, from the `tiny_raw` fixture: one seed, fixed_h and wa_diloco), 60 trace s per
+    live run (15 wall s); fixed_h at min_h merges at every decision it can."""
     raw["control"]["fixed_h"]["h"] = raw["control"]["min_h"]
-    raw["train"]["corpus_bytes"] = 300_000
     raw["replay"]["vllm"].update({"python": str(VLLM_PYTHON), "startup_timeout_s": 600})
     raw["live"] = {"enabled": True, "policy": "fixed_h", "duration_s": 60, "warmup_s": 4}
     root.mkdir(parents=True, exist_ok=True)
@@ -53,11 +49,11 @@ def _ours(root: Path) -> list[psutil.Process]:
 
 
 @pytest.fixture(scope="module")
-def live_project(tmp_path_factory) -> Path:
+def live_project(tmp_path_factory, tiny_raw) -> Path:
     if not VLLM_PYTHON.exists():
         pytest.fail(f"{VLLM_PYTHON} missing: run `make vllm-env` (make test does)")
     root = tmp_path_factory.mktemp("live")
-    params = make_project(root)
+    params = make_project(root, tiny_raw())
     done = subprocess.run([sys.executable, "-m", "syncsafe.cli", "live", "--params", str(params), "--root", str(root)],
                           capture_output=True, text=True, timeout=1200, env={**os.environ, "SYNCSAFE_TRACKING": "off"})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

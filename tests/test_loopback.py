@@ -18,7 +18,6 @@ import yaml
 
 from syncsafe.serving.interference import MergeInterference
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _listening(pids: list[int]) -> list[tuple[int, str, int]]:
@@ -47,11 +46,9 @@ def test_interference_workers_listen_on_loopback_only():
 
 
 @pytest.mark.slow
-def test_island_group_listens_on_loopback_only(tmp_path):
-    raw = yaml.safe_load((REPO / "params.yaml").read_text())
-    raw["seeds"] = [0]
-    raw["regimes"] = {"bursty": {**raw["regimes"]["bursty"], "duration_s": 240}}
-    raw["train"].update({"corpus_bytes": 300_000, "eval_batches": 2})
+def test_island_group_listens_on_loopback_only(tmp_path, tiny_raw):
+    raw = tiny_raw()
+    raw["regimes"]["bursty"]["duration_s"] = 240  # long enough to watch the group's sockets
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump(raw))
     run = lambda *a: subprocess.Popen([sys.executable, "-m", "syncsafe.cli", *a, "--params", str(params),  # noqa: E731

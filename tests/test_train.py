@@ -25,19 +25,14 @@ from syncsafe.schedules.schedule import read_schedule
 from syncsafe.traces.stage import build_traces
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parents[1]
 
 
-def make_project(root: Path, **train) -> Path:
-    raw = yaml.safe_load((REPO / "params.yaml").read_text())
-    raw["seeds"] = [0]
-    raw["regimes"] = {"bursty": {**raw["regimes"]["bursty"], "duration_s": 120}}
+def make_project(root: Path, raw: dict, **train) -> Path:
+    """The tiny profile's params (`raw`, from the `tiny_raw` fixture) with fixed_h and a never-opening gate."""
     raw["control"]["policies"] = ["fixed_h", "pressure_gate"]
     raw["control"]["pressure_gate"] = {"max_pressure": 0.0}  # never opens: merges only when forced at max_h
-    raw["replay"]["vllm"]["policies"] = ["fixed_h"]
-    if "analysis" in raw:  # the declared primary test must name a trained policy
-        raw["analysis"]["primary"]["policy"] = "fixed_h"
-    raw["train"].update({"corpus_bytes": 300_000, "eval_batches": 2, "collective_timeout_s": 20, **train})
+    raw["analysis"]["primary"]["policy"] = "fixed_h"  # the declared primary test must name a trained policy
+    raw["train"].update({"collective_timeout_s": 20, **train})
     root.mkdir(parents=True, exist_ok=True)
     path = root / "params.yaml"
     path.write_text(yaml.safe_dump(raw))
@@ -50,10 +45,10 @@ def train(params_path: Path, root: Path, **kw) -> list[Path]:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> Path:
+def reference(tmp_path_factory, tiny_raw) -> Path:
     """Both policies trained to the end without faults."""
     root = tmp_path_factory.mktemp("reference")
-    train(make_project(root), root)
+    train(make_project(root, tiny_raw()), root)
     return root
 
 
@@ -106,8 +101,8 @@ def test_export_reloads_as_the_trained_global_model(reference):
     assert AutoTokenizer.from_pretrained(run / "model")("def f(x):")["input_ids"] == tokenizer("def f(x):")["input_ids"]
 
 
-def test_killed_island_fails_fast_then_resume_reproduces_the_losses(reference, tmp_path, monkeypatch):
-    params_path = make_project(tmp_path)
+def test_killed_island_fails_fast_then_resume_reproduces_the_losses(reference, tmp_path, monkeypatch, tiny_raw):
+    params_path = make_project(tmp_path, tiny_raw())
     monkeypatch.setenv("SYNCSAFE_FAULT", "1:10")  # island 1 SIGKILLs itself at step 10, after the merge at step 8
     started = time.monotonic()
     with pytest.raises(IslandLost, match=r"island 1 killed by SIGKILL"):
@@ -129,8 +124,8 @@ def test_killed_island_fails_fast_then_resume_reproduces_the_losses(reference, t
     assert json.loads((run / "metrics.json").read_text())["resumed"] is True
 
 
-def test_killed_island_continues_on_the_survivors(tmp_path, monkeypatch):
-    params_path = make_project(tmp_path, on_island_failure="continue")
+def test_killed_island_continues_on_the_survivors(tmp_path, monkeypatch, tiny_raw):
+    params_path = make_project(tmp_path, tiny_raw(), on_island_failure="continue")
     monkeypatch.setenv("SYNCSAFE_FAULT", "1:10")
     train(params_path, tmp_path, policies=["fixed_h"])
     metrics = json.loads((train_dir(tmp_path, "bursty", "fixed_h", 0) / "metrics.json").read_text())

@@ -28,15 +28,11 @@ REPO = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 
 
-def make_project(root: Path) -> Path:
-    raw = yaml.safe_load((REPO / "params.yaml").read_text())
-    raw["seeds"] = [0]
-    raw["regimes"] = {"bursty": {**raw["regimes"]["bursty"], "duration_s": 120}}
+def make_project(root: Path, raw: dict) -> Path:
+    """The tiny profile's params (`raw`, from the `tiny_raw` fixture): harness schedules, fixed_h replayed."""
     raw["control"]["policies"] = ["fixed_h", "wa_seasonal"]
     raw["schedules"].update({"random_draws": 1, "source": "harness"})
-    if "analysis" in raw:  # the declared primary test must name a controller of this project
-        raw["analysis"]["primary"]["policy"] = "fixed_h"
-    raw["train"]["corpus_bytes"] = 300_000
+    raw["analysis"]["primary"]["policy"] = "fixed_h"  # the declared primary test must name a controller of this project
     raw["replay"]["vllm"].update({"python": str(VLLM_PYTHON), "policies": ["fixed_h"], "draws": 1, "time_scale": 4.0,
                                   "max_trace_s": 60, "startup_timeout_s": 600})
     root.mkdir(parents=True, exist_ok=True)
@@ -50,11 +46,11 @@ def make_project(root: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def vllm_project(tmp_path_factory) -> Path:
+def vllm_project(tmp_path_factory, tiny_raw) -> Path:
     if not VLLM_PYTHON.exists():
         pytest.fail(f"{VLLM_PYTHON} missing: run `make vllm-env` (make test does)")
     root = tmp_path_factory.mktemp("vllm")
-    replay_vllm(load_params(make_project(root)), root)
+    replay_vllm(load_params(make_project(root, tiny_raw())), root)
     return root
 
 
@@ -137,8 +133,8 @@ def _group_members(pgid: int) -> list[int]:
     return members
 
 
-def test_a_server_that_dies_mid_run_fails_loudly_and_writes_no_summary(tmp_path):
-    params = load_params(make_project(tmp_path))
+def test_a_server_that_dies_mid_run_fails_loudly_and_writes_no_summary(tmp_path, tiny_raw):
+    params = load_params(make_project(tmp_path, tiny_raw()))
     out = tmp_path / "runs" / "replay-sets" / "vllm" / "bursty" / "seed-0"
 
     groups: list[int] = []

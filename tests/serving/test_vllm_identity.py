@@ -78,12 +78,9 @@ def test_a_foreign_server_on_the_port_is_never_measured(tmp_path):
     assert served_models(url) is None  # nothing answers there any more
 
 
-def _project(root: Path) -> Path:
-    raw = yaml.safe_load((REPO / "params.yaml").read_text())
-    raw["seeds"] = [0]
-    raw["regimes"] = {"bursty": {**raw["regimes"]["bursty"], "duration_s": 120}}
+def _project(root: Path, raw: dict) -> Path:
+    """The tiny profile's params (`raw`, from the `tiny_raw` fixture): harness schedules, one draw."""
     raw["schedules"].update({"random_draws": 1, "source": "harness"})
-    raw["train"]["corpus_bytes"] = 300_000
     raw["replay"]["simulator"]["calibration"] = None
     raw["replay"]["vllm"].update({"python": str(VLLM_PYTHON), "draws": 1, "max_trace_s": 120, "warmup_s": 0,
                                   "startup_timeout_s": 900})
@@ -120,10 +117,10 @@ def _port_listening(port: int) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
-def test_killing_the_stage_leaves_no_server_behind(tmp_path, sig):
+def test_killing_the_stage_leaves_no_server_behind(tmp_path, sig, tiny_raw):
     if not VLLM_PYTHON.exists():
         pytest.fail(f"{VLLM_PYTHON} missing: run `make vllm-env` (make test does)")
-    params = _project(tmp_path)
+    params = _project(tmp_path, tiny_raw())
     for cmd in (["traces"], ["schedules", "build"], ["schedules", "index"]):
         assert _cli(*cmd, params=params, root=tmp_path).wait(timeout=300) == 0
     stage = _cli("replay", "run", "--backend", "vllm", params=params, root=tmp_path)
