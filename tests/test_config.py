@@ -118,8 +118,9 @@ def test_gpu_profile_spells_where_and_what_it_trains(repo_root):
     assert (gpu.train.device, gpu.train.source) == ("cuda", "hub")
 
 
-def test_tiny_profile_is_one_regime_one_seed_and_a_small_corpus(tiny_raw):
-    p = parse_params(tiny_raw())
+def test_tiny_profile_is_one_regime_one_seed_and_a_small_corpus(tiny_params):
+    p = load_params(tiny_params)
+    assert p.profile == "tiny" and p.overlays == ["tiny"]
     assert list(p.regimes) == ["bursty"] and p.regimes["bursty"].duration_s == 120
     assert p.regimes["bursty"].period_s == 120  # untouched keys keep the base values
     assert p.seeds == [0] and p.control.policies == ["fixed_h", "wa_diloco"]

@@ -113,7 +113,7 @@ def _gpu_params(tmp_path: Path) -> Path:
     raw["replay"]["simulator"] = {**raw["replay"].get("simulator", {}), "calibration": None}
     vllm = {"python": str(VLLM_PYTHON), "regimes": ["bursty"], "seeds": [0], "draws": 1, "time_scale": 4.0,
             "max_trace_s": 40, "warmup_s": 0, "startup_timeout_s": 900, "server_args": VllmReplay().server_args,
-            "repeat_no_sync": False, "profile": False}
+            "repeat_no_sync": False, "engine_profile": False}
     raw["replay"]["vllm"].update({k: v for k, v in vllm.items() if k in VllmReplay.model_fields})
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump(raw))

@@ -223,10 +223,10 @@ class VllmReplay(Strict):
     #: Replay each seed's no-sync schedule again after the others (the mechanism gate's drift control);
     #: the replays in between run in a seeded random order.
     repeat_no_sync: bool = True
-    #: Probe the server before the replays (iteration time by batch composition, with and without merges).
-    profile: bool = True
-    #: Wall seconds per profile probe.
-    profile_probe_s: PositiveFloat = 2.5
+    #: Profile the engine before the replays (iteration time by batch composition, with and without merges).
+    engine_profile: bool = True
+    #: Wall seconds per engine-profile probe.
+    engine_profile_probe_s: PositiveFloat = 2.5
     #: Trace seconds replayed per wall second (1 = real time).
     time_scale: PositiveFloat = 4.0
     #: Replay only the first this-many trace seconds of each schedule.

@@ -183,7 +183,7 @@ def replay_vllm(params: Params, root: Path = Path(".")) -> pd.DataFrame:
                     replay_requests(server.base_url, server.served_name, warmup, time.time() + 0.5, cfg.time_scale, vocab, seed,
                                     cfg.max_in_flight, cfg.request_timeout_s)
                     warmed = True
-                    if cfg.profile:  # the server's iteration costs, with and without merges, for calibrate-fit
+                    if cfg.engine_profile:  # the server's iteration costs, with and without merges, for calibrate-fit
                         write_server_profile(server, work, out_root, vocab, cfg)
                 slo = None
                 for row, repeat in replay_order(regime, seed, schedules, cfg.repeat_no_sync):
@@ -228,7 +228,7 @@ def write_server_profile(server: VllmServer, work: MergeInterference, out_root: 
     work.collect(timeout_s=cfg.startup_timeout_s)
     max_batch = max_num_seqs(cfg.server_args) or 8
     profile, text = profile_server(server.base_url, server.served_name, vocab, max_batch, cfg.interference,
-                                   merge_window, probe_s=cfg.profile_probe_s)
+                                   merge_window, probe_s=cfg.engine_profile_probe_s)
     io.write_text(out_root / layout.SERVER_METRICS_FILE, text)
     return io.write_text(out_root / PROFILE_FILE, model_json(profile))
 
