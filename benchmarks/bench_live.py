@@ -5,12 +5,15 @@ Two paths, each timed per control cycle over every controller policy:
 - critical path (what a decision waits for in `syncsafe live`): the newest
   sample and the samples since the last decision from the scraper's memory
   (`LiveSignals.at` / `between`), `policy.observe` and `policy.decide`;
-- synchronous: one full scrape (`GET /health`, `GET /metrics`, parse, rates)
-  and then the decision, as if nothing ran in the background.
+- synchronous: one full scrape (`GET /health`, `GET /metrics` over the
+  scraper's keep-alive connection, parse, rates) and then the decision, as
+  if nothing ran in the background.
 
-The scrape goes to `--url` (a running vLLM server) or, by default, to a local
-HTTP server answering with the /metrics text recorded from the real vLLM CPU
-server (tests/fixtures/vllm_metrics_busy.txt), so it runs anywhere.
+The scrape goes to `--url` (a running vLLM server) or, by default, to the
+tests' stand-in (tests/exposition_server.py: HTTP/1.1 keep-alive, answering
+with the /metrics text recorded from the real vLLM CPU server,
+tests/fixtures/vllm_metrics_busy.txt), so it runs anywhere. The last two
+lines pool every policy's cycles.
 
     python benchmarks/bench_live.py [--cycles 2000] [--url http://127.0.0.1:PORT]
 """
@@ -18,9 +21,9 @@ server (tests/fixtures/vllm_metrics_busy.txt), so it runs anywhere.
 from __future__ import annotations
 
 import argparse
-import http.server
-import threading
+import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
@@ -28,28 +31,13 @@ import numpy as np
 from syncsafe.config import load_params
 from syncsafe.control.live_signals import LiveSignals, SignalSettings, http_fetch
 from syncsafe.control.policies import build_policy
-from syncsafe.control.types import ClockState, LearnerReport
 from syncsafe.control.serving_model import load_calibration
+from syncsafe.control.types import ClockState, LearnerReport
 
 REPO = Path(__file__).resolve().parents[1]
-TEXT = (REPO / "tests" / "fixtures" / "vllm_metrics_busy.txt").read_text().encode()
+sys.path.insert(0, str(REPO / "tests"))  # the recorded-exposition stand-in the tests use
 
-
-class _Exposition(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802
-        body = TEXT if self.path == "/metrics" else b""
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
-class _Server(http.server.ThreadingHTTPServer):
-    def handle_error(self, request, client_address):  # a client that timed out: counted by the scraper
-        pass
+from exposition_server import FIXTURES, ExpositionServer  # noqa: E402
 
 
 def _stats(values_us: list[float]) -> str:
@@ -64,12 +52,8 @@ def main() -> None:
     ap.add_argument("--url", default=None, help="a running vLLM server; default: a local server of the recorded text")
     args = ap.parse_args()
     params = load_params(args.params)
-    server = None
-    url = args.url
-    if url is None:
-        server = _Server(("127.0.0.1", 0), _Exposition)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        url = f"http://127.0.0.1:{server.server_address[1]}"
+    stack = ExitStack()
+    url = args.url or stack.enter_context(ExpositionServer((FIXTURES / "vllm_metrics_busy.txt").read_text())).url
     live = params.live
     cfg = SignalSettings(time_scale=live.time_scale, window_s=live.signal_window_s, capacity_seqs=live.capacity_seqs,
                          reference_rps=live.reference_rps, busy_pressure=live.busy_pressure)
@@ -80,7 +64,8 @@ def main() -> None:
         time.sleep(0.02)
     reports = [LearnerReport(i, 5.0, 4.9, 1024, 4) for i in range(params.train.islands)]
     calibration = load_calibration(params.control.calibrated.calibration)
-    print(f"{args.cycles} cycles per policy, scrapes from {'the recorded exposition' if server else url}")
+    print(f"{args.cycles} cycles per policy, scrapes from {url if args.url else 'the recorded exposition'}")
+    all_critical, all_full = [], []
     for name in params.control.policies:
         policy = build_policy(name, params.control, params.merge, 0, calibration,
                               live.scrape_interval_s * live.time_scale)
@@ -103,8 +88,11 @@ def main() -> None:
             last = signals.at(0.0).t_s
         print(f"{name:16s} critical path: {_stats(critical)}")
         print(f"{'':16s} scrape + decide: {_stats(full)}")
-    if server is not None:
-        server.shutdown()
+        all_critical += critical
+        all_full += full
+    print(f"{'every policy':16s} critical path: {_stats(all_critical)}")
+    print(f"{'':16s} scrape + decide: {_stats(all_full)}")
+    stack.close()
 
 
 if __name__ == "__main__":

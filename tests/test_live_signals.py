@@ -7,12 +7,11 @@ then after it.
 
 from __future__ import annotations
 
-import http.server
 import threading
 import time
-from pathlib import Path
 
 import pytest
+from exposition_server import FIXTURES, ExpositionServer
 
 from syncsafe.config import HarnessConfig
 from syncsafe.control.clock import WallClock
@@ -20,6 +19,7 @@ from syncsafe.control.controller import ControlPlan, run_controller
 from syncsafe.control.fallback import SafeFallback
 from syncsafe.control.harness import ProgressModelLearners
 from syncsafe.control.live_signals import (
+    METRICS,
     LiveSignals,
     MetricsFormatError,
     Reading,
@@ -27,10 +27,11 @@ from syncsafe.control.live_signals import (
     fleet_signals,
     http_fetch,
     parse_metrics,
+    sum_samples,
 )
 from syncsafe.control.policies import PressureGate
+from syncsafe.serving.profile import HISTOGRAMS
 
-FIXTURES = Path(__file__).parent / "fixtures"
 BUSY = (FIXTURES / "vllm_metrics_busy.txt").read_text()
 IDLE = (FIXTURES / "vllm_metrics_idle.txt").read_text()
 
@@ -69,41 +70,57 @@ def test_rates_come_from_counters_and_pressure_from_occupancy_and_arrivals():
     assert alone.arrival_rate == 0 and alone.inference_pressure == pytest.approx(3 / 8)
 
 
-class _Exposition(http.server.BaseHTTPRequestHandler):
-    text = BUSY
-
-    def do_GET(self):  # noqa: N802 - http.server's name
-        body = (self.text if self.path == "/metrics" else "").encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture
 def exposition():
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Exposition)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
+    with ExpositionServer(BUSY) as server:
+        yield server
+
+
+def _line_by_line(text: str, names) -> dict[str, float]:
+    """A plain reading of every line, the reference `sum_samples` must agree with."""
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if line and not line.startswith("#") and name in names:
+            values[name] = values.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return values
+
+
+@pytest.mark.parametrize("fixture", ["vllm_metrics_busy.txt", "vllm_metrics_idle.txt", "vllm_metrics_profile.txt"])
+def test_sum_samples_reads_the_named_lines_as_a_line_by_line_reading_does(fixture):
+    text = (FIXTURES / fixture).read_text()
+    names = [*METRICS, *(f"{h}_{part}" for h in HISTOGRAMS for part in ("sum", "count")), "vllm:absent_total"]
+    names += ["vllm:request_success"]  # a prefix of other names: no sample of its own
+    assert sum_samples(text, names) == _line_by_line(text, set(names))
+    assert "vllm:absent_total" not in sum_samples(text, names) and "vllm:request_success" not in sum_samples(text, names)
+    assert sum_samples(text.lstrip("#"), ["vllm:num_requests_running"])  # also a first line without a newline before it
+
+
+def test_scrapes_reuse_one_keep_alive_connection_and_reopen_after_a_failure(exposition):
+    fetch = http_fetch(exposition.url, timeout_s=1.0)
+    for _ in range(5):
+        assert parse_metrics(fetch())["running"] == 3
+    assert len(exposition.connections) == 1, "/health and /metrics of every scrape over one connection"
+    fetch._conn.sock.close()  # the kept connection breaks: the next scrape opens another
+    assert parse_metrics(fetch())["finished"] == 18
+    assert len(exposition.connections) == 2
+    exposition.stop_answering()
+    with pytest.raises(OSError):
+        fetch()
+    fetch.close()
 
 
 def test_a_server_that_stops_answering_makes_the_controller_defer_to_max_h_then_merge(exposition):
     """Signals say busy (the gate would defer), then the server goes away: the safe action takes over."""
-    _Exposition.text = BUSY.replace('vllm:num_requests_running{engine="0",model_name="syncsafe"} 3.0',
+    exposition.text = BUSY.replace('vllm:num_requests_running{engine="0",model_name="syncsafe"} 3.0',
                                     'vllm:num_requests_running{engine="0",model_name="syncsafe"} 8.0')
-    url = f"http://127.0.0.1:{exposition.server_address[1]}"
+    url = exposition.url
     start = time.time() + 0.3
     cfg = SignalSettings(time_scale=1.0)
     plan = ControlPlan(step_s=0.1, min_h=1, max_h=3, window_s=0.1, min_gap_s=0.0, duration_s=3.0)
     with LiveSignals(http_fetch(url, timeout_s=0.5), start, cfg, interval_s=0.05, stale_after_s=0.3) as signals:
         gate = SafeFallback(PressureGate(0.5), signals.problem)
-        stopper = threading.Timer(1.3, exposition.shutdown)
+        stopper = threading.Timer(1.3, exposition.stop_answering)
         stopper.start()
         result = run_controller(gate, ProgressModelLearners(HarnessConfig(), 0), signals, plan,
                                 timebase=WallClock(start, 1.0))

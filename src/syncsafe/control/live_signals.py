@@ -2,7 +2,9 @@
 
 The only piece between the policies and a real serving node. A background
 thread scrapes `GET /health` and `GET /metrics` every `interval_s` wall
-seconds; each good scrape becomes one `FleetSignals` sample stamped in trace
+seconds over one keep-alive connection (`HttpScraper`), reading only the
+sample lines it needs (`sum_samples`); a decision never waits for a scrape,
+it reads the newest sample from memory. Each good scrape becomes one `FleetSignals` sample stamped in trace
 seconds since the run's start (`(epoch - start_epoch) * time_scale`), so
 every policy, forecasters included, sees the same kind of samples it sees on
 the trace clock, never the trace's own columns.
@@ -36,11 +38,11 @@ the controller then takes the safe action (`syncsafe.control.fallback`).
 
 from __future__ import annotations
 
+import http.client
 import threading
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable
+import urllib.parse
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import pandas as pd
@@ -66,27 +68,48 @@ class MetricsFormatError(ValueError):
     """A /metrics text that is not the Prometheus exposition vLLM writes."""
 
 
+def sum_samples(text: str, names: Iterable[str]) -> dict[str, float]:
+    """The samples named `names` in a Prometheus text exposition, each summed over its label sets.
+
+    The one exposition reader of the package (the live signals here, the
+    server profile's histograms in `syncsafe.serving.profile`). It looks up
+    only the named sample lines (`name value` or `name{labels} value`), so the
+    cost grows with the lines it reads, not with the whole exposition; a name
+    the text does not hold is absent from the result. Raises
+    MetricsFormatError on a named line whose value is unreadable.
+    """
+    text = text if text.startswith("\n") else "\n" + text
+    values: dict[str, float] = {}
+    for name in names:
+        needle = "\n" + name
+        at = text.find(needle)
+        while at >= 0:
+            begin = at + 1
+            end = text.find("\n", begin)
+            end = len(text) if end < 0 else end
+            follow = text[at + len(needle): at + len(needle) + 1]
+            if follow in ("{", " "):  # not a longer name sharing the prefix
+                line = text[begin:end]
+                try:
+                    value = float(line.rsplit(" ", 1)[1])
+                except (IndexError, ValueError):
+                    raise MetricsFormatError(f"/metrics: unreadable sample line {line[:120]!r}") from None
+                values[name] = values.get(name, 0.0) + value
+            at = text.find(needle, end)
+    return values
+
+
 def parse_metrics(text: str) -> dict[str, float]:
     """The METRICS of a Prometheus text exposition, summed over label sets (keys: METRICS values).
 
     Raises MetricsFormatError when one of them is absent: a server that does
     not expose what the controller reads must not pass for an idle one.
     """
-    values: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        key = METRICS.get(name)
-        if key is not None:
-            try:
-                values[key] = values.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
-            except (IndexError, ValueError):
-                raise MetricsFormatError(f"/metrics: unreadable sample line {line[:120]!r}") from None
-    missing = [name for name, key in METRICS.items() if key not in values]
+    found = sum_samples(text, METRICS)
+    missing = [name for name in METRICS if name not in found]
     if missing:
         raise MetricsFormatError(f"/metrics: no {', '.join(missing)} (not a vLLM server's exposition?)")
-    return values
+    return {METRICS[name]: value for name, value in found.items()}
 
 
 @dataclass(frozen=True)
@@ -127,17 +150,56 @@ def fleet_signals(window: list[Reading], t_s: float, cfg: SignalSettings) -> tup
     return signals, {"arrival_rate": arrival_rate, "generation_rate": generation_rate}
 
 
-def http_fetch(base_url: str, timeout_s: float) -> Callable[[], str]:
-    """GET /health (must answer 200), then the /metrics text."""
+class HttpScraper:
+    """`GET /health` (must answer 200), then the `/metrics` text, over one persistent keep-alive connection.
 
-    def fetch() -> str:
-        with urllib.request.urlopen(f"{base_url}/health", timeout=timeout_s) as resp:
+    The connection is opened on first use and kept between scrapes (no TCP
+    handshake per scrape); any failure closes it and raises OSError, and the
+    next scrape opens a new one. A kept connection the server closed while
+    idle is reopened once, transparently.
+    """
+
+    def __init__(self, base_url: str, timeout_s: float) -> None:
+        parts = urllib.parse.urlsplit(base_url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"scrape url {base_url!r}: expected http://host:port")
+        self.host, self.port, self.timeout_s = parts.hostname, parts.port or 80, timeout_s
+        self._conn: http.client.HTTPConnection | None = None
+
+    def _get(self, path: str) -> bytes:
+        for attempt in (0, 1):
+            reused = self._conn is not None
+            if self._conn is None:
+                self._conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
+            try:
+                self._conn.request("GET", path)
+                resp = self._conn.getresponse()
+                body = resp.read()
+            except (OSError, http.client.HTTPException) as err:
+                self.close()
+                if reused and attempt == 0 and not isinstance(err, TimeoutError):
+                    continue  # the kept connection went stale (e.g. the server closed it while idle): reopen once
+                raise OSError(f"GET {path}: {type(err).__name__}: {err}") from err
+            if resp.will_close:
+                self.close()
             if resp.status != 200:
-                raise OSError(f"/health answered {resp.status}")
-        with urllib.request.urlopen(f"{base_url}/metrics", timeout=timeout_s) as resp:
-            return resp.read().decode("utf-8", "replace")
+                raise OSError(f"{path} answered {resp.status}")
+            return body
+        raise AssertionError  # pragma: no cover - the loop returns or raises
 
-    return fetch
+    def __call__(self) -> str:
+        self._get("/health")
+        return self._get("/metrics").decode("utf-8", "replace")
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+def http_fetch(base_url: str, timeout_s: float) -> HttpScraper:
+    """The scrape function `LiveSignals` calls: `/health`, then the `/metrics` text (see HttpScraper)."""
+    return HttpScraper(base_url, timeout_s)
 
 
 class LiveSignals:
@@ -169,7 +231,7 @@ class LiveSignals:
         t_s = (now - self.start_epoch) * self.cfg.time_scale
         try:
             values = parse_metrics(self.fetch())
-        except (OSError, urllib.error.URLError, MetricsFormatError, TimeoutError) as err:
+        except (OSError, MetricsFormatError) as err:  # timeouts and refused connections are OSErrors
             self._last_ok, self._last_error = False, f"{type(err).__name__}: {err}"[:200]
             self.rows.append({"t_s": t_s, "epoch": now, "ok": False, "error": self._last_error})
             return
@@ -196,6 +258,9 @@ class LiveSignals:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+        close = getattr(self.fetch, "close", None)
+        if close is not None and not self._thread.is_alive():
+            close()
 
     # ------------------------------------------------------------------ reading
 

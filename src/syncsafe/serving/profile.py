@@ -34,6 +34,8 @@ import aiohttp
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from syncsafe.control.live_signals import sum_samples
+
 HISTOGRAMS = (
     "vllm:inter_token_latency_seconds",
     "vllm:iteration_tokens_total",
@@ -63,15 +65,7 @@ def parse_metrics(text: str) -> dict[str, float]:
     Summed over label sets (engines, model names); bucket lines are skipped.
     A name the server does not expose is absent.
     """
-    wanted = {f"{h}_{part}" for h in HISTOGRAMS for part in ("sum", "count")} | set(COUNTERS)
-    values: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in wanted:
-            values[name] = values.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-    return values
+    return sum_samples(text, [f"{h}_{part}" for h in HISTOGRAMS for part in ("sum", "count")] + list(COUNTERS))
 
 
 def histogram_mean(before: dict[str, float], after: dict[str, float], histogram: str) -> tuple[float | None, int]:
