@@ -3,7 +3,7 @@
 Each writer is a separate ``python`` process that imports the tracking code, waits
 for a shared start signal (so that their writes overlap), then logs one stage run
 with ``items`` item runs (a scalar metric and a short loss curve each) through
-:func:`syncsafe.tracking.track_stage` in strict mode: any store failure exits 1.
+:func:`syncsafe.tracking.tracked_stage` in strict mode: any store failure exits 1.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 _WRITER = """
 import sys, time
 from pathlib import Path
-from syncsafe.tracking import TrackedRun, track_stage
+from syncsafe.tracking import TrackedRun, tracked_stage
 
 index, items, go = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
 runs = [TrackedRun(regime="bursty", policy=f"writer{index}", seed=s, backend="parallel",
@@ -27,7 +27,9 @@ runs = [TrackedRun(regime="bursty", policy=f"writer{index}", seed=s, backend="pa
 deadline = time.monotonic() + 300
 while not go.exists() and time.monotonic() < deadline:
     time.sleep(0.01)
-record = track_stage(f"parallel-{index}", runs, root=".", params_section={"writer": {"index": index}})
+with tracked_stage(f"parallel-{index}", root=".", params={"writer": {"index": index}}, sections=["writer"]) as stage:
+    stage.extend(runs)
+record = stage.record
 assert record is not None and len(record.run_ids) == items, record
 print("logged", len(record.run_ids))
 """

@@ -24,10 +24,10 @@ from syncsafe.tracking import (
     TrackedRun,
     TrackingError,
     TrackingWarning,
+    StageRecord,
     compare_table,
     render_table,
-    stage_run,
-    track_stage,
+    tracked_stage,
 )
 
 
@@ -74,6 +74,13 @@ def write(path: Path, text: str = "{}") -> Path:
     return path
 
 
+def track(stage: str, runs=(), *, root: Path, regime: str | None = None, strict: bool | None = None) -> StageRecord | None:
+    """One stage run holding the given item runs (no collector: the items are made up here)."""
+    with tracked_stage(stage, root=root, regime=regime, strict=strict, collect=False) as st:
+        st.extend(runs)
+    return st.record
+
+
 SECTION = {"seeds": [0, 1], "merge": {"window_s": 8.0, "min_gap_s": 10.0}, "regimes": {"bursty": {"kind": "bursty"}}}
 
 
@@ -103,10 +110,12 @@ def test_stage_leaves_nested_runs_with_tags_params_metrics_artifacts(store: Path
             metrics={"n_merges": np.int64(7)},
         ),
     ]
-    rec = track_stage(
-        "schedules", runs, root=store, params_section=SECTION, profile="cpu", regime="bursty",
-        metrics={"wall_s": 1.5}, artifacts=[index],
-    )
+    with tracked_stage("schedules", root=store, params={**SECTION, "profile": "cpu"}, sections=list(SECTION),
+                       regime="bursty", collect=False) as st:
+        st.extend(runs)
+        st.log_metric("wall_s", 1.5)
+        st.log_artifact(index)
+    rec = st.record
     assert rec is not None and len(rec.run_ids) == 2 and rec.pipeline_run_id == "night-1"
     c = client(store)
     exp = c.get_experiment(rec.experiment_id)
@@ -162,18 +171,18 @@ def test_stage_leaves_nested_runs_with_tags_params_metrics_artifacts(store: Path
 def test_default_store_is_sqlite_in_root(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
     assert tracking.tracking_uri(store) == f"sqlite:///{store.resolve()}/mlflow.db"
-    rec = track_stage("traces", [TrackedRun(regime="bursty", seed=0, metrics={"n_requests": 3})], root=store)
+    rec = track("traces", [TrackedRun(regime="bursty", seed=0, metrics={"n_requests": 3})], root=store)
     assert rec is not None and rec.uri == f"sqlite:///{store.resolve()}/mlflow.db"
     assert client(store).get_run(rec.run_ids[0]).data.metrics == {"n_requests": 3}
 
 
 def test_stage_processes_share_one_pipeline_parent(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    first = track_stage("traces", [TrackedRun(regime="bursty", seed=0)], root=store)
-    second = track_stage("schedules", [TrackedRun(regime="bursty", policy="fixed_h", seed=0)], root=store)
+    first = track("traces", [TrackedRun(regime="bursty", seed=0)], root=store)
+    second = track("schedules", [TrackedRun(regime="bursty", policy="fixed_h", seed=0)], root=store)
     assert first and second and first.parent_run_id == second.parent_run_id
     assert first.stage_run_id != second.stage_run_id
     monkeypatch.setenv("SYNCSAFE_PIPELINE_RUN_ID", "night-2")
-    third = track_stage("traces", [], root=store)
+    third = track("traces", [], root=store)
     assert third and third.parent_run_id != first.parent_run_id
     parents = client(store).search_runs(
         [first.experiment_id], filter_string=f"tags.`{tracking.TAG_KIND}` = 'pipeline'"
@@ -202,7 +211,7 @@ def test_pipeline_run_id_is_the_launching_dvc_process() -> None:
 
 def test_failed_stage_body_marks_stage_run_failed_and_logs_no_items(store: Path) -> None:
     with pytest.raises(RuntimeError, match="boom"):
-        with stage_run("train", root=store, profile="cpu") as st:
+        with tracked_stage("train", root=store, params={"profile": "cpu"}) as st:
             st.add(TrackedRun(regime="bursty", policy="fixed_h", seed=0))
             raise RuntimeError("boom")
     c = client(store)
@@ -213,7 +222,7 @@ def test_failed_stage_body_marks_stage_run_failed_and_logs_no_items(store: Path)
 
 def test_system_metrics_sampled_on_stage_run(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.2")
-    with stage_run("train", root=store, system_metrics=True) as st:
+    with tracked_stage("train", root=store, system_metrics=True, collect=False) as st:
         time.sleep(0.8)
         st.add(TrackedRun(regime="bursty", policy="fixed_h", seed=0, series={"loss": [(0, 1.0)]}))
     assert st.record is not None
@@ -225,11 +234,11 @@ def test_system_metrics_sampled_on_stage_run(store: Path, monkeypatch: pytest.Mo
 def test_missing_artifact_warns_and_the_rest_is_logged(store: Path) -> None:
     present = write(store / "a.json")
     with pytest.warns(TrackingWarning, match="missing.json does not exist"):
-        rec = track_stage("schedules", [TrackedRun(policy="p", seed=0, artifacts=[present, store / "missing.json"])], root=store)
+        rec = track("schedules", [TrackedRun(policy="p", seed=0, artifacts=[present, store / "missing.json"])], root=store)
     assert rec is not None
     assert [a.path for a in client(store).list_artifacts(rec.run_ids[0])] == ["a.json"]
     with pytest.raises(TrackingError, match="missing.json"):
-        track_stage("schedules", [TrackedRun(artifacts=[store / "missing.json"])], root=store, strict=True)
+        track("schedules", [TrackedRun(artifacts=[store / "missing.json"])], root=store, strict=True)
 
 
 # --------------------------------------------------------------------------- failure policy
@@ -252,7 +261,7 @@ def test_unreachable_store_only_warns(unreachable: Path, monkeypatch: pytest.Mon
     runs = [TrackedRun(regime="bursty", policy="fixed_h", seed=0, artifacts=[unreachable / "runs" / "out.json"])]
     start = time.monotonic()
     with pytest.warns(TrackingWarning, match=r"could not start tracking at .*files on disk are complete") as caught:
-        assert track_stage("schedules", runs, root=unreachable) is None
+        assert track("schedules", runs, root=unreachable) is None
     assert time.monotonic() - start < 10
     ours = [str(w.message) for w in caught if issubclass(w.category, TrackingWarning)]
     assert len(ours) == 1 and "\n" not in ours[0] and f"at {uri}: " in ours[0]
@@ -262,10 +271,10 @@ def test_unreachable_store_only_warns(unreachable: Path, monkeypatch: pytest.Mon
 def test_unreachable_store_raises_when_strict(unreachable: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")
     with pytest.raises(TrackingError, match=r"stage 'schedules': could not start tracking at http://127.0.0.1:9"):
-        track_stage("schedules", [TrackedRun()], root=unreachable, strict=True)
+        track("schedules", [TrackedRun()], root=unreachable, strict=True)
     monkeypatch.setenv("SYNCSAFE_TRACKING_STRICT", "1")
     with pytest.raises(TrackingError):
-        with stage_run("train", root=unreachable):
+        with tracked_stage("train", root=unreachable):
             pytest.fail("strict tracking must fail before the stage's work starts")
 
 
@@ -274,7 +283,7 @@ def test_tracking_off_touches_nothing(unreachable: Path, monkeypatch: pytest.Mon
     monkeypatch.setenv("SYNCSAFE_TRACKING_STRICT", "1")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert track_stage("schedules", [TrackedRun(seed=0)], root=unreachable) is None
+        assert track("schedules", [TrackedRun(seed=0)], root=unreachable) is None
     assert not (unreachable / "mlflow.db").exists()
 
 
@@ -303,7 +312,7 @@ def _log_compare_fixture(root: Path) -> None:
         _item("no_sync", 0, 0.01),
         _item("wa_diloco", 0, 0.90, regime="steady"),
     ]
-    assert track_stage("schedules", runs, root=root)
+    assert track("schedules", runs, root=root)
 
 
 def test_compare_table_policy_by_seed_with_envelope(store: Path) -> None:
@@ -343,12 +352,12 @@ def test_compare_table_policy_by_seed_with_envelope(store: Path) -> None:
 def test_compare_uses_latest_run_and_asks_for_a_stage(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _log_compare_fixture(store)
     monkeypatch.setenv("SYNCSAFE_PIPELINE_RUN_ID", "night-2")  # the nightly rerun changes one result
-    assert track_stage("schedules", [_item("wa_diloco", 0, 0.16)], root=store)
+    assert track("schedules", [_item("wa_diloco", 0, 0.16)], root=store)
     wa = compare_table("bursty", root=store).set_index("policy").loc["wa_diloco"]
     assert wa.seed_0 == 0.16 and wa["mean"] == pytest.approx(0.22) and wa.sd == pytest.approx(math.sqrt(0.0052))
     first = compare_table("bursty", pipeline_run="night-1", root=store).set_index("policy").loc["wa_diloco"]
     assert first.seed_0 == 0.10
-    assert track_stage("replay", [_item("wa_diloco", 0, 0.5)], root=store)
+    assert track("replay", [_item("wa_diloco", 0, 0.5)], root=store)
     with pytest.raises(ValueError, match="logged by stages replay, schedules"):
         compare_table("bursty", root=store)
     assert compare_table("bursty", stage="replay", root=store).seed_0.tolist() == [0.5]

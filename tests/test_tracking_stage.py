@@ -18,6 +18,7 @@ import pytest
 from syncsafe.artifacts import layout
 from syncsafe.artifacts.traces import read_timeline
 from syncsafe.artifacts.train_runs import write_losses, write_merges, write_metrics
+from syncsafe.pipeline.declarations import stage as declared
 from syncsafe.schedules.stage import build_schedules
 from syncsafe.traces.stage import build_traces
 from syncsafe.tracking import (
@@ -65,9 +66,10 @@ def _all_runs(root: Path) -> list:
 
 
 def test_stages_leave_nested_item_runs_under_one_parent_found_by_compare(store: Path, params) -> None:
-    with tracked_stage("traces", root=store, params=params, regime="bursty") as traces:
+    with tracked_stage("traces", root=store, params=params, regime="bursty", sections=declared("traces").params) as traces:
         build_traces(params, "bursty", store)
-    with tracked_stage("schedules", root=store, params=params, regime="bursty") as schedules:
+    with tracked_stage("schedules", root=store, params=params, regime="bursty",
+                       sections=declared("schedules").params) as schedules:
         index = build_schedules(params, "bursty", store)
     assert traces.record is not None and schedules.record is not None
     parent_id = traces.record.parent_run_id

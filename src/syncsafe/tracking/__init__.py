@@ -85,9 +85,9 @@ from syncsafe.tracking.settings import (
     tracking_enabled,
     tracking_uri,
 )
-from syncsafe.tracking.collectors import COLLECTORS, SECTIONS
+from syncsafe.tracking.collectors import COLLECTORS
 from syncsafe.tracking.records import Collected, StageRecord, TrackedRun
-from syncsafe.tracking.stage import StageHandle, stage_run, track_stage, tracked_stage
+from syncsafe.tracking.stage import StageHandle, tracked_stage
 
 __all__ = [
     "DEFAULT_EXPERIMENT",
@@ -98,7 +98,6 @@ __all__ = [
     "TAG_PIPELINE",
     "COLLECTORS",
     "Collected",
-    "SECTIONS",
     "StageHandle",
     "StageRecord",
     "TrackedRun",
@@ -117,9 +116,7 @@ __all__ = [
     "search_item_runs",
     "section_params",
     "sqlite_path",
-    "stage_run",
     "strict_from_env",
-    "track_stage",
     "tracked_stage",
     "tracking_enabled",
     "tracking_uri",

@@ -5,9 +5,8 @@ written its outputs (tracking never holds results the disk does not have) it
 reads them through :mod:`syncsafe.artifacts` and returns the item runs (per
 seed for traces; per regime x policy x seed for training; per schedule, draws
 included, for schedules and replays; per regime x policy for the analysis)
-plus stage-level scalars and files. :data:`COLLECTORS` maps a stage name to
-its collector, :data:`SECTIONS` to the params.yaml keys its stage run logs
-by default (``{regime}`` is formatted).
+plus stage-level scalars and files. :data:`COLLECTORS` maps a stage name (as
+declared in :mod:`syncsafe.pipeline.declarations`) to its collector.
 """
 
 from __future__ import annotations
@@ -24,23 +23,16 @@ from syncsafe.tracking.records import Collected, TrackedRun
 Collector = Callable[[Path, Any, "str | None"], Collected]
 
 COLLECTORS: dict[str, Collector] = {}
-SECTIONS: dict[str, list[str]] = {}
 
 
-def register(stage: str, sections: list[str]) -> Callable[[Collector], Collector]:
-    """Register ``fn`` as the collector of ``stage``, whose stage run logs ``sections`` of params.yaml."""
+def register(stage: str) -> Callable[[Collector], Collector]:
+    """Register the decorated function as the collector of ``stage``."""
 
     def add(fn: Collector) -> Collector:
         COLLECTORS[stage] = fn
-        SECTIONS[stage] = sections
         return fn
 
     return add
-
-
-def stage_sections(stage: str) -> list[str]:
-    """The params keys a stage run logs by default (none for a stage without a collector)."""
-    return list(SECTIONS.get(stage, []))
 
 
 def collect_stage(stage: str, root: Path, params: Any, regime: str | None) -> Collected:
@@ -64,7 +56,7 @@ def _present(paths: list[Path]) -> list[Path]:
 # --------------------------------------------------------------------------- per stage
 
 
-@register("traces", ["seeds", "traces", "regimes.{regime}"])
+@register("traces")
 def traces(root: Path, params: Any, regime: str | None) -> Collected:
     from syncsafe.artifacts.traces import read_requests, read_timeline
 
@@ -79,7 +71,7 @@ def traces(root: Path, params: Any, regime: str | None) -> Collected:
     return Collected(runs)
 
 
-@register("train", ["profile", "seeds", "merge", "control", "train", "regimes.{regime}"])
+@register("train")
 def train(root: Path, params: Any, regime: str | None) -> Collected:
     from syncsafe.artifacts.train_runs import complete_train_runs, read_losses, read_merges, read_timing
 
@@ -100,7 +92,7 @@ def train(root: Path, params: Any, regime: str | None) -> Collected:
     return Collected(runs)
 
 
-@register("schedules", ["seeds", "merge", "control", "schedules", "regimes.{regime}"])
+@register("schedules")
 def schedules(root: Path, params: Any, regime: str | None) -> Collected:
     from syncsafe.artifacts.schedule_sets import read_set_index
     from syncsafe.artifacts.schedules import read_schedule
@@ -133,7 +125,7 @@ def _replays(root: Path, backend: str, index: pd.DataFrame, files: tuple[str, ..
     return runs
 
 
-@register("replay-simulator", ["seeds", "replay"])
+@register("replay-simulator")
 def replay_simulator(root: Path, params: Any, regime: str | None) -> Collected:
     from syncsafe.artifacts.replay_sets import read_set_index
 
@@ -141,7 +133,7 @@ def replay_simulator(root: Path, params: Any, regime: str | None) -> Collected:
     return Collected(_replays(root, layout.SIMULATOR, index, (layout.SUMMARY_FILE,)))
 
 
-@register("replay-vllm", ["seeds", "replay"])
+@register("replay-vllm")
 def replay_vllm(root: Path, params: Any, regime: str | None) -> Collected:
     from syncsafe.artifacts.replay_sets import read_vllm_index
 
@@ -150,7 +142,7 @@ def replay_vllm(root: Path, params: Any, regime: str | None) -> Collected:
     return Collected(runs, artifacts=_present([layout.at(root, layout.VLLM_SERVER_LOG)]))
 
 
-@register("live", ["live", "replay.vllm", "replay.slo", "control", "merge", "train"])
+@register("live")
 def live(root: Path, params: Any, regime: str | None) -> Collected:
     from syncsafe.artifacts.base import read_csv
 
@@ -164,7 +156,7 @@ def live(root: Path, params: Any, regime: str | None) -> Collected:
     return Collected(metrics=metrics, artifacts=[path])
 
 
-@register("calibrate-fit", ["replay"])
+@register("calibrate-fit")
 def calibrate_fit(root: Path, params: Any, regime: str | None) -> Collected:
     from syncsafe.artifacts.base import read_json
 
@@ -178,7 +170,7 @@ _FIDELITY_METRICS = ("p95_rel_error_max", "p95_rel_error_mean", "slo_abs_error_p
                      "sync_ratio_paired_sim_over_real")
 
 
-@register("fidelity", ["replay", "analysis"])
+@register("fidelity")
 def fidelity(root: Path, params: Any, regime: str | None) -> Collected:
     from syncsafe.artifacts.base import read_json
 
@@ -191,7 +183,7 @@ def fidelity(root: Path, params: Any, regime: str | None) -> Collected:
 _POLICY_METRICS = ("slo_pct_mean", "sync_excess_pct_mean", "p_vs_matched_random", "seeds_won", "n_seeds")
 
 
-@register("analyze", ["seeds", "replay.slo"])
+@register("analyze")
 def analyze(root: Path, params: Any, regime: str | None) -> Collected:
     from syncsafe.artifacts.base import read_csv
 

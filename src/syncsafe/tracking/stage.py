@@ -97,7 +97,7 @@ def tracked_stage(
     root: str | os.PathLike[str] = ".",
     params: Any = None,
     regime: str | None = None,
-    sections: Sequence[str] | None = None,
+    sections: Sequence[str] = (),
     system_metrics: bool | None = False,
     strict: bool | None = None,
     experiment: str | None = None,
@@ -106,9 +106,9 @@ def tracked_stage(
     """Track one stage around its work; see the module docstring.
 
     ``params`` is the loaded params (:class:`syncsafe.config.Params`, or a
-    mapping); ``sections`` the params keys logged as the stage run's params
-    (``"{regime}"`` is formatted; None: the stage's default list in
-    :mod:`syncsafe.tracking.collectors`). ``system_metrics=None`` follows
+    mapping), handed to the collector; ``sections`` the params keys logged as
+    the stage run's (and its item runs') params, its dvc.yaml ``params:`` list
+    (``"{regime}"`` is formatted). ``system_metrics=None`` follows
     ``MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING``. ``collect=False`` logs only what
     the body adds. In strict mode an unreachable store raises
     :class:`TrackingError` on entry, before the body runs.
@@ -117,15 +117,15 @@ def tracked_stage(
     if not tracking_enabled():
         yield handle
         return
-    from syncsafe.tracking.collectors import collect_stage, stage_sections
+    from syncsafe.tracking.collectors import collect_stage
 
     if system_metrics is None:
         system_metrics = os.environ.get("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", "").strip().lower() in _ON
     strict = strict_from_env() if strict is None else strict
     session = _Session(stage, Path(root), regime or "", strict, experiment or experiment_name())
     try:
-        keys = stage_sections(stage) if sections is None else list(sections)
-        values = section_params(params, [k.format(regime=regime) for k in keys]) if params is not None else {}
+        keys = [k.format(regime=regime) for k in sections or ()]
+        values = section_params(params, keys) if params is not None else {}
         profile = str((params.get("profile") if isinstance(params, Mapping) else getattr(params, "profile", "")) or "")
         session.open(flatten_params(values), profile, bool(system_metrics))
     except Exception as err:  # noqa: BLE001 - any store failure, by policy
@@ -360,47 +360,3 @@ def _key(name: str) -> str:
         key = key.replace("/", "_")
         key = "_" + key[1:] if key.startswith(".") else key
     return key
-
-
-# --------------------------------------------------------------------------- the old entry points
-
-
-def track_stage(
-    stage: str,
-    runs: Iterable[TrackedRun] = (),
-    *,
-    root: str | os.PathLike[str] = ".",
-    params_section: Mapping[str, Any] | None = None,
-    profile: str = "",
-    regime: str = "",
-    metrics: Mapping[str, float] | None = None,
-    artifacts: Sequence[str | os.PathLike[str]] = (),
-    strict: bool | None = None,
-    experiment: str | None = None,
-) -> StageRecord | None:
-    """Deprecated: log given item runs of a finished stage (use :func:`tracked_stage`)."""
-    with stage_run(stage, root=root, params_section=params_section, profile=profile, regime=regime,
-                   strict=strict, system_metrics=False, experiment=experiment) as handle:  # fmt: skip
-        handle.extend(runs)
-        handle.metrics.update(metrics or {})
-        handle.artifacts.extend(Path(p) for p in artifacts)
-    return handle.record
-
-
-def stage_run(
-    stage: str,
-    *,
-    root: str | os.PathLike[str] = ".",
-    params_section: Mapping[str, Any] | None = None,
-    profile: str = "",
-    regime: str = "",
-    strict: bool | None = None,
-    system_metrics: bool | None = None,
-    experiment: str | None = None,
-) -> contextlib.AbstractContextManager[StageHandle]:
-    """Deprecated: :func:`tracked_stage` without a collector, the stage params given as a section."""
-    return tracked_stage(
-        stage, root=root, params={**(params_section or {}), "profile": profile}, regime=regime or None,
-        sections=list(params_section or {}), system_metrics=system_metrics, strict=strict,
-        experiment=experiment, collect=False,
-    )  # fmt: skip
