@@ -27,6 +27,7 @@ No other module writes these names; they import them from here. Two forms:
       TRAIN_LOGS                  logs/train  (wall-clock facts: not stage outputs)
       VLLM_SERVER_LOG, LIVE_SERVER_LOG   logs/replay-vllm/server.log, logs/live/server.log
       VLLM_PROFILE                runs/replay-sets/vllm/profile.json
+      UNTRAINED_MODEL, VLLM_CACHE, TOKENIZER_CACHE   models/serve-untrained, models/vllm-cache, models/tokenizer
 
 - **Root-anchored** functions taking the project `root` first, for code that
   reads or writes: `trace_dir(root, regime, seed)`, `train_run_dir(root,
@@ -133,6 +134,8 @@ VLLM_SERVER_LOG = LOGS / "replay-vllm" / SERVER_LOG_FILE
 LIVE_SERVER_LOG = LOGS / "live" / SERVER_LOG_FILE
 UNTRAINED_MODEL = MODELS / "serve-untrained"
 VLLM_CACHE = MODELS / "vllm-cache"
+#: The tokenizer the train stage builds or caches (reused by every run).
+TOKENIZER_CACHE = MODELS / "tokenizer"
 
 SEED_PREFIX = "seed-"
 

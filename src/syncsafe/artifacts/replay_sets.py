@@ -37,9 +37,10 @@ def write_set_index(path: PathLike, rows: list[dict]) -> pd.DataFrame:
     return df
 
 
-def read_set_index(path: PathLike, what: str = "replay set index") -> pd.DataFrame:
-    """A set index (or repeats.csv) at `path`, its contract columns checked."""
-    return read_csv(Path(path), what, INDEX_COLUMNS, hint="run the replay stage first", dtype={"draw": "Int64"})
+def read_set_index(path: PathLike, what: str = "replay set index",
+                   columns: tuple[str, ...] = INDEX_COLUMNS) -> pd.DataFrame:
+    """A set index (or repeats.csv) at `path` with `columns` checked (default: the contract columns)."""
+    return read_csv(Path(path), what, columns, hint="run the replay stage first", dtype={"draw": "Int64"})
 
 
 def set_index_paths(root: PathLike) -> list[Path]:
@@ -60,13 +61,13 @@ def read_replay_index(root: PathLike = Path(".")) -> pd.DataFrame:
                     hint="run the replay stages first", dtype={"draw": "Int64"})
 
 
-def read_vllm_index(root: PathLike, repeats: bool = True) -> pd.DataFrame:
+def read_vllm_index(root: PathLike, repeats: bool = True, columns: tuple[str, ...] = INDEX_COLUMNS) -> pd.DataFrame:
     """runs/replay-sets/vllm/index.csv with a `_repeat` column (False), followed by the rows of
-    repeats.csv (`_repeat` True) when `repeats` and the file exists."""
-    frames = [read_set_index(layout.at(root, layout.VLLM_INDEX), "vLLM replay index").assign(_repeat=False)]
+    repeats.csv (`_repeat` True) when `repeats` and the file exists; `columns` checked in both."""
+    frames = [read_set_index(layout.at(root, layout.VLLM_INDEX), "vLLM replay index", columns).assign(_repeat=False)]
     path = layout.at(root, layout.VLLM_REPEATS)
     if repeats and path.is_file():
-        frames.append(read_set_index(path, "vLLM repeats table").assign(_repeat=True))
+        frames.append(read_set_index(path, "vLLM repeats table", columns).assign(_repeat=True))
     return pd.concat(frames, ignore_index=True)
 
 
@@ -84,9 +85,9 @@ def is_complete(replay_dir: PathLike) -> bool:
     return (Path(replay_dir) / layout.SUMMARY_FILE).is_file()
 
 
-def read_summary(replay_dir: PathLike) -> dict[str, Any]:
-    """summary.json of one replay."""
-    return read_json(Path(replay_dir) / layout.SUMMARY_FILE, "replay summary", keys=SUMMARY_KEYS,
+def read_summary(replay_dir: PathLike, keys: tuple[str, ...] = SUMMARY_KEYS) -> dict[str, Any]:
+    """summary.json of one replay (with at least `keys`)."""
+    return read_json(Path(replay_dir) / layout.SUMMARY_FILE, "replay summary", keys=keys,
                      hint="an incomplete replay; rerun its replay stage")
 
 

@@ -37,8 +37,11 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from syncsafe.artifacts import layout
+from syncsafe.artifacts.base import ArtifactMalformed, ArtifactMissing
+from syncsafe.artifacts.calibration import read_calibration
 from syncsafe.control.types import FleetSignals
 
 #: A number or an array of numbers (the multipliers work elementwise).
@@ -51,8 +54,12 @@ TYPICAL_PROMPT_TOKENS = 48
 TYPICAL_OUTPUT_TOKENS = 24
 
 
-class CalibrationError(ValueError):
-    """A calibration file is missing or malformed."""
+class CalibrationError(ArtifactMalformed):
+    """A calibration file is missing or malformed (bad input: the message names the file)."""
+
+
+class CalibrationMissing(CalibrationError, ArtifactMissing):
+    """A calibration file that is not there."""
 
 
 class Calibration(BaseModel):
@@ -151,7 +158,7 @@ class Calibration(BaseModel):
 
 
 #: Where the calibrate-fit stage writes its calibration (relative to the project root).
-FITTED_CALIBRATION = Path("runs") / "calibration" / "calibration.json"
+FITTED_CALIBRATION = layout.FITTED_CALIBRATION
 
 
 def simulator_calibration(path: str | Path | None, root: str | Path = ".") -> Calibration:
@@ -163,8 +170,8 @@ def simulator_calibration(path: str | Path | None, root: str | Path = ".") -> Ca
     shipped defaults; either way `fitted` says which the replays ran on.
     """
     if path is not None:
-        return load_calibration(Path(root) / path)
-    fitted = Path(root) / FITTED_CALIBRATION
+        return load_calibration(layout.at(root, path))
+    fitted = layout.at(root, FITTED_CALIBRATION)
     return load_calibration(fitted if fitted.is_file() else None)
 
 
@@ -172,10 +179,4 @@ def load_calibration(path: str | Path | None) -> Calibration:
     """The calibration at `path`, or the shipped defaults when `path` is None."""
     if path is None:
         return Calibration()
-    path = Path(path)
-    try:
-        return Calibration.model_validate_json(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CalibrationError(f"{path}: calibration file not found (run the calibrate-fit stage or set it to null)") from None
-    except ValidationError as err:
-        raise CalibrationError(f"{path}: not a calibration file: {err}") from None
+    return read_calibration(path, Calibration, error=CalibrationError, missing=CalibrationMissing)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from syncsafe.artifacts import layout
 from syncsafe.config import Params
 from syncsafe.diloco.corpus import (build_stdlib_corpus, eval_batches, island_batches, pack_batches,
                                     stream_hf_island_batches)
@@ -24,7 +25,7 @@ from syncsafe.diloco.model import TinyLlamaSpec, build_tiny_llama, load_pretrain
 from syncsafe.diloco.run import Resources, World
 from syncsafe.diloco.tokenizer import load_or_build_tokenizer
 
-TOKENIZER_DIR = Path("models") / "tokenizer"
+TOKENIZER_DIR = layout.TOKENIZER_CACHE
 
 
 def model_spec(params: Params, seed: int) -> TinyLlamaSpec:

@@ -40,7 +40,14 @@ import torch.distributed as dist
 from syncsafe import io
 from syncsafe.artifacts import layout
 from syncsafe.artifacts.layout import timing_path
-from syncsafe.artifacts.train_runs import is_complete, write_decisions, write_losses, write_merges, write_metrics, write_timing
+from syncsafe.artifacts.train_runs import (
+    is_complete,
+    write_decisions,
+    write_losses,
+    write_merges,
+    write_metrics,
+    write_timing,
+)
 from syncsafe.config import Params
 from syncsafe.control.controller import ControlResult, run_controller
 from syncsafe.control.policies import Policy, build_policy

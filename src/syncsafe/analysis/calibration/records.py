@@ -15,7 +15,6 @@ plan repeats it last, a second one (`repeat=True`, listed in
 
 from __future__ import annotations
 
-import json
 import warnings
 import math
 from collections.abc import Iterable
@@ -25,23 +24,26 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from syncsafe.artifacts import layout
+from syncsafe.artifacts.base import ArtifactMissing
+from syncsafe.artifacts.replay_sets import read_requests, read_summary, read_vllm_index
+from syncsafe.artifacts.traces import read_timeline
 from syncsafe.config import Params
 from syncsafe.schedules.schedule import Schedule, read_schedule
 from syncsafe.control.serving_model import Calibration
 from syncsafe.serving.metrics import REQUEST_RESULT_COLUMNS, SloSpec, failed_mask, require_columns
 from syncsafe.serving.simulator import simulate_replay
-from syncsafe.traces.stage import load_timeline
 
-VLLM_SET = Path("runs") / "replay-sets" / "vllm"
-VLLM_INDEX = VLLM_SET / "index.csv"
+VLLM_SET = layout.VLLM_SET
+VLLM_INDEX = layout.VLLM_INDEX
 #: Second no-sync replay of each seed, run last (same columns as the index).
-VLLM_REPEATS = VLLM_SET / "repeats.csv"
+VLLM_REPEATS = layout.VLLM_REPEATS
 #: Server profile written by the vLLM replay stage (`syncsafe.serving.profile`).
-VLLM_PROFILE = VLLM_SET / "profile.json"
+VLLM_PROFILE = layout.VLLM_PROFILE
 
 
-class CalibrationInputError(FileNotFoundError):
-    """The vLLM replays the calibration stages need are missing or incomplete."""
+class CalibrationInputError(ArtifactMissing):
+    """The vLLM replays the calibration stages need are missing or incomplete (also a FileNotFoundError)."""
 
 
 @dataclass(frozen=True)
@@ -190,7 +192,7 @@ def read_vllm_records(params: Params, root: Path, seeds: Iterable[int] | None = 
     seed is left out, with a warning naming it.
     """
     root = Path(root)
-    index_path = root / VLLM_INDEX
+    index_path = layout.at(root, VLLM_INDEX)
     if not index_path.is_file():
         why = (
             "replay.vllm.enabled is false in params.yaml, so the replay-vllm stage writes none; enable it and run it"
@@ -198,11 +200,7 @@ def read_vllm_records(params: Params, root: Path, seeds: Iterable[int] | None = 
             else "run the replay-vllm stage first (`syncsafe replay run --backend vllm`)"
         )
         raise CalibrationInputError(f"{index_path}: no vLLM replays; {why}")
-    frames = [pd.read_csv(index_path, dtype={"draw": "Int64"}).assign(_repeat=False)]
-    if (root / VLLM_REPEATS).is_file():
-        frames.append(pd.read_csv(root / VLLM_REPEATS, dtype={"draw": "Int64"}).assign(_repeat=True))
-    index = pd.concat(frames, ignore_index=True)
-    require_columns(index, ("regime", "seed", "path", "schedule", "source"), str(index_path))
+    index = read_vllm_index(root, columns=("regime", "seed", "path", "schedule", "source"))
     if seeds is not None:
         index = index[index["seed"].isin(list(seeds))]
     cfg = params.replay.vllm
@@ -210,22 +208,22 @@ def read_vllm_records(params: Params, root: Path, seeds: Iterable[int] | None = 
     invalid: set[tuple[str, int]] = set()
     timelines: dict[tuple[str, int], pd.DataFrame] = {}
     for row in index.to_dict("records"):
-        out = root / row["path"]
-        summary_path, requests_path = out / "summary.json", out / "requests.parquet"
-        for path in (requests_path, summary_path):
-            if not path.is_file():
-                raise CalibrationInputError(f"{path}: missing (an incomplete vLLM replay); rerun the replay-vllm stage")
-        summary = json.loads(summary_path.read_text(encoding="utf-8"))
+        out = layout.at(root, row["path"])
+        for name in (layout.REQUESTS_FILE, layout.SUMMARY_FILE):
+            if not (out / name).is_file():
+                raise CalibrationInputError(f"{out / name}: missing (an incomplete vLLM replay); "
+                                            "rerun the replay-vllm stage")
+        summary = read_summary(out)
         regime, seed = str(row["regime"]), int(row["seed"])
         if not summary.get("valid", True):
             invalid.add((regime, seed))
             warnings.warn(f"{out}: invalid replay ({summary.get('invalid_reason', 'marked invalid')}): "
                           f"seed {seed} of {regime} is left out of calibration and fidelity", stacklevel=2)
         if (regime, seed) not in timelines:
-            timelines[regime, seed] = load_timeline(root, regime, seed)
+            timelines[regime, seed] = read_timeline(root, regime, seed)
         records.append(ReplayRecord(
-            regime=regime, seed=seed, label=record_label(str(row["path"])), results=pd.read_parquet(requests_path),
-            schedule=read_schedule(root / row["schedule"]), timeline=timelines[regime, seed],
+            regime=regime, seed=seed, label=record_label(str(row["path"])), results=read_requests(out),
+            schedule=read_schedule(layout.at(root, row["schedule"])), timeline=timelines[regime, seed],
             time_scale=float(summary.get("time_scale", cfg.time_scale)),
             max_trace_s=float(summary.get("max_trace_s", cfg.max_trace_s)),
             slo=SloSpec(**summary["slo"]) if summary.get("slo") else None, repeat=bool(row["_repeat"]),
@@ -235,8 +233,4 @@ def read_vllm_records(params: Params, root: Path, seeds: Iterable[int] | None = 
 
 def record_label(path: str) -> str:
     """`fixed_h` or `matched_random/fixed_h-000` from runs/replay-sets/vllm/<regime>/seed-S/<label>."""
-    parts = Path(path).parts
-    for i, part in enumerate(parts):
-        if part.startswith("seed-"):
-            return "/".join(parts[i + 1:])
-    return Path(path).name
+    return layout.replay_label(path)

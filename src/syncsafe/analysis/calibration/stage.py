@@ -18,7 +18,6 @@ replay stage used (`replay.simulator.calibration`).
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,24 +25,26 @@ from pathlib import Path
 import pandas as pd
 from pydantic import ValidationError
 
-from syncsafe import io
 from syncsafe.analysis.calibration.fidelity import FIDELITY_COLUMNS, fidelity_evidence, save_cdf_figure
 from syncsafe.analysis.calibration.fit import CalibrationFit, fit_calibration
 from syncsafe.analysis.calibration.mechanism import mechanism_evidence, transfer_table
-from syncsafe.analysis.calibration.records import VLLM_PROFILE, read_vllm_records, simulate_record
+from syncsafe.analysis.calibration.records import read_vllm_records, simulate_record
 from syncsafe.analysis.calibration.report import render_fidelity_report, render_fit_report
 from syncsafe.analysis.evidence import FidelityEvidence, MechanismEvidence
+from syncsafe.artifacts import layout
+from syncsafe.artifacts.calibration import read_fit, read_server_profile, write_calibration_dir, write_fidelity_dir
+from syncsafe.artifacts.replay_sets import read_set_index, read_summary
 from syncsafe.config import Params
 from syncsafe.control.serving_model import Calibration, simulator_calibration
 from syncsafe.serving.profile import ServerProfile, max_num_seqs
 from syncsafe.serving.vllm_plan import vllm_seed_split
 
-CALIBRATION_DIR = Path("runs") / "calibration"
-FIDELITY_DIR = Path("runs") / "fidelity"
-CALIBRATION_FILE = "calibration.json"
-MECHANISM_FILE = "mechanism.json"
-FIDELITY_FILE = "fidelity.json"
-SIMULATOR_SETS = Path("runs") / "replay-sets" / "simulator"
+CALIBRATION_DIR = layout.CALIBRATION
+FIDELITY_DIR = layout.FIDELITY
+CALIBRATION_FILE = layout.CALIBRATION_FILE
+MECHANISM_FILE = layout.MECHANISM_FILE
+FIDELITY_FILE = layout.FIDELITY_FILE
+SIMULATOR_SETS = layout.replay_set_rel(layout.SIMULATOR)
 
 
 @dataclass(frozen=True)
@@ -74,8 +75,7 @@ def calibrate_fit_stage(params: Params, root: Path = Path(".")) -> FitResult:
                           {"fitted": False, "reason": reason, "fit_seeds": fit_seeds}, reason)
     records = read_vllm_records(params, root)
     fit_records = [r for r in records if r.seed in fit_seeds]
-    profile_path = root / VLLM_PROFILE
-    profile = ServerProfile.read(profile_path) if profile_path.is_file() else None
+    profile = read_server_profile(root, ServerProfile)
     started = time.perf_counter()
     try:
         if not fit_records:
@@ -101,15 +101,7 @@ def _write_fit(root: Path, calibration: Calibration, mechanism: MechanismEvidenc
     report = render_fit_report(calibration, info.get("diagnostics", {}), transfer, mechanism, skipped, fit_replays,
                                reason)
 
-    def build(tmp: Path) -> None:
-        io.write_text(tmp / CALIBRATION_FILE, calibration.model_dump_json(indent=2) + "\n")
-        io.write_text(tmp / MECHANISM_FILE, mechanism.model_dump_json(indent=2) + "\n")
-        io.write_text(tmp / "fit.json", json.dumps(info, indent=2, default=str) + "\n")
-        io.write_csv(tmp / "transfer.csv", transfer)
-        io.write_text(tmp / "report.md", report)
-
-    out = io.replace_directory(root / CALIBRATION_DIR, build)
-    files = {n: out / n for n in (CALIBRATION_FILE, MECHANISM_FILE, "fit.json", "transfer.csv", "report.md")}
+    files = write_calibration_dir(root, calibration, mechanism, info, transfer, report)
     return FitResult(calibration, mechanism, transfer, info, files)
 
 
@@ -122,8 +114,8 @@ def fidelity_stage(params: Params, root: Path = Path(".")) -> FidelityResult:
     notes = []
     used = replayed_calibrations(root)
     if used and any(c != calibration for c in used):  # judge what the simulator replays actually ran on
-        notes.append("the simulator replays did not run on runs/calibration/calibration.json (the replay stage ran "
-                     "before calibrate-fit); judged: the calibration they ran on")
+        notes.append(f"the simulator replays did not run on {layout.FITTED_CALIBRATION.as_posix()} "
+                     "(the replay stage ran before calibrate-fit); judged: the calibration they ran on")
         calibration = next((c for c in used if not c.fitted), used[0])
     if not calibration.fitted:
         notes.append("the simulator ran on the shipped defaults (calibration: default): "
@@ -144,25 +136,18 @@ def fidelity_stage(params: Params, root: Path = Path(".")) -> FidelityResult:
         table, sims = pd.DataFrame(columns=list(FIDELITY_COLUMNS)), []
     report = render_fidelity_report(evidence, table)
 
-    def build(tmp: Path) -> None:
-        io.write_text(tmp / FIDELITY_FILE, evidence.model_dump_json(indent=2) + "\n")
-        io.write_csv(tmp / "fidelity.csv", table)
-        io.write_text(tmp / "report.md", report)
-        save_cdf_figure(records, sims, tmp / "cdf.png")
-
-    out = io.replace_directory(root / FIDELITY_DIR, build)
-    files = {n: out / n for n in (FIDELITY_FILE, "fidelity.csv", "report.md", "cdf.png")}
+    files = write_fidelity_dir(root, evidence, table, report, lambda path: save_cdf_figure(records, sims, path))
     return FidelityResult(evidence, table, files)
 
 
 def replayed_calibrations(root: Path) -> list[Calibration]:
     """The distinct calibrations the simulator replay sets under `root` ran on (first replay of each set)."""
     found: list[Calibration] = []
-    for index in sorted((root / SIMULATOR_SETS).glob("*/index.csv")):
-        paths = pd.read_csv(index, usecols=["path"])["path"]
-        summary = root / str(paths.iloc[0]) / "summary.json" if len(paths) else None
-        if summary is not None and summary.is_file():
-            recorded = json.loads(summary.read_text(encoding="utf-8")).get("calibration")
+    for index in sorted(layout.at(root, SIMULATOR_SETS).glob(f"*/{layout.INDEX_FILE}")):
+        paths = read_set_index(index, columns=("path",))["path"]
+        replay = layout.at(root, str(paths.iloc[0])) if len(paths) else None
+        if replay is not None and (replay / layout.SUMMARY_FILE).is_file():
+            recorded = read_summary(replay, keys=()).get("calibration")
             try:
                 cal = Calibration.model_validate(recorded)
             except ValidationError:  # no calibration recorded, or one of an older model: nothing to compare
@@ -173,9 +158,7 @@ def replayed_calibrations(root: Path) -> list[Calibration]:
 
 
 def _fit_reason(root: Path) -> str:
-    path = root / CALIBRATION_DIR / "fit.json"
-    if path.is_file():
-        reason = json.loads(path.read_text(encoding="utf-8")).get("reason")
-        if reason:
-            return str(reason)
+    fit = read_fit(root)
+    if fit is not None and fit.get("reason"):
+        return str(fit["reason"])
     return "replay.simulator.calibration is null or names an unfitted file"
