@@ -29,16 +29,17 @@ import numpy as np
 import pandas as pd
 
 from syncsafe.analysis.report import markdown_table
+from syncsafe.artifacts import layout
 from syncsafe.analysis.stats import rank_test
 
-LIVE_INDEX = Path("runs") / "live" / "index.csv"
+LIVE_INDEX = layout.LIVE_INDEX
 TIER_BEATS = "live: beats matched random"
 TIER_NONE = "live: no evidence"
 CONDITIONS = ("policy", "matched_random", "train_no_merge", "no_train")
 
 
 def read_live_index(root: Path) -> pd.DataFrame | None:
-    path = Path(root) / LIVE_INDEX
+    path = layout.at(root, LIVE_INDEX)
     if not path.is_file():
         return None
     index = pd.read_csv(path, dtype={"draw": "Int64"})

@@ -51,6 +51,8 @@ import numpy as np
 import pandas as pd
 
 from syncsafe import io
+from syncsafe.artifacts import layout
+from syncsafe.artifacts.traces import read_requests, read_timeline
 from syncsafe.config import Params
 from syncsafe.control.clock import WallClock
 from syncsafe.control.controller import ControlPlan, ControlResult, run_controller
@@ -69,10 +71,9 @@ from syncsafe.serving.loadgen import replay_requests
 from syncsafe.serving.replay import request_results, resolve_slo, write_replay
 from syncsafe.serving.vllm_replay import _model_facts, served_model
 from syncsafe.serving.vllm_server import VllmServer, resolve_python
-from syncsafe.traces.stage import load_timeline, trace_dir
 
-LIVE_DIR = Path("runs") / "live"
-LIVE_INDEX = LIVE_DIR / "index.csv"
+LIVE_DIR = layout.LIVE
+LIVE_INDEX = layout.LIVE_INDEX
 LEAD_S = 2.0
 MATCHED, NO_MERGE, NO_TRAIN = "matched_random", "train_no_merge", "no_train"
 INDEX_COLUMNS = ("regime", "policy", "seed", "draw", "matched_to", "condition", "order", "backend",
@@ -81,7 +82,8 @@ INDEX_COLUMNS = ("regime", "policy", "seed", "draw", "matched_to", "condition", 
 
 
 def live_dir(root: Path, regime: str, seed: int) -> Path:
-    return Path(root) / LIVE_DIR / regime / f"seed-{seed}"
+    """runs/live/<regime>/seed-<S>/ under root (`syncsafe.artifacts.layout`)."""
+    return layout.live_dir(root, regime, seed)
 
 
 #: Orders of the four runs, seed s taking ORDERS[s % 4]: the policy always before its matched draw (the draw
@@ -174,9 +176,9 @@ class LiveSession:
         cfg = params.replay.vllm
         self.model = served_model(params, root)
         self.vocab, numel = _model_facts(self.model)
-        self.server = VllmServer(resolve_python(cfg.python), self.model, Path(root) / "logs" / "live" / "server.log",
+        self.server = VllmServer(resolve_python(cfg.python), self.model, layout.at(root, layout.LIVE_SERVER_LOG),
                                  cfg.server_args, cfg.startup_timeout_s,
-                                 cache_dir=Path(root).resolve() / "models" / "vllm-cache")
+                                 cache_dir=layout.at(Path(root).resolve(), layout.VLLM_CACHE))
         self.work = MergeInterference(cfg.interference, cfg.interference_workers, numel)
         self.loadgen = ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn"),  # dies with the sidecar
                                            initializer=die_with_parent, initargs=(os.getpid(),))
@@ -287,18 +289,18 @@ def write_run(params: Params, regime: str, seed: int, run: LiveRun, slo, timelin
     worked = [(m["start_epoch"], m["window_end_epoch"], m["fill_iterations"]) for m in run.merges]
     results = request_results(run.requests, timeline, worked, run.start_epoch, live.time_scale)
     schedule = _schedule(params, regime, seed, run)
-    write_schedule(out / "schedule.json", schedule)
-    io.write_parquet(out / "signals.parquet", run.signals)
-    io.write_text(out / "decisions.jsonl", _decision_lines(run))
+    write_schedule(out / layout.SCHEDULE_FILE, schedule)
+    io.write_parquet(out / layout.SIGNALS_FILE, run.signals)
+    io.write_text(out / layout.DECISIONS_FILE, _decision_lines(run))
     merges = pd.DataFrame(run.merges)
-    io.write_csv(out / "merges.csv", merges)
+    io.write_csv(out / layout.MERGES_FILE, merges)
     feasible = space.contains(schedule.merge_starts_s) if run.result is not None and run.condition != NO_MERGE else None
     facts = {"condition": run.condition, "order": run.order, "start_epoch": run.start_epoch,
              "degraded": run.degraded, "degraded_cycles": run.degraded_cycles, "scrape_failures": run.scrape_failures,
              "max_lag_s": run.max_lag_s,
              "decide_us_p99": float(np.percentile(run.result.decide_us, 99)) if run.result and run.result.decide_us else None,
              "feasible": feasible, "n_merges": schedule.n_merges, "time_scale": live.time_scale}
-    io.write_json(out / "run.json", facts)
+    io.write_json(out / layout.RUN_FILE, facts)
     summary = write_replay(out, results, slo, params, {"backend": "vllm-live", **facts})
     return {"regime": regime, "policy": run.policy, "seed": seed, "draw": 0 if run.condition == MATCHED else None,
             "matched_to": run.matched_to, "condition": run.condition, "order": run.order, "backend": "vllm-live",
@@ -313,9 +315,9 @@ def write_run(params: Params, regime: str, seed: int, run: LiveRun, slo, timelin
 def live_seed(session: LiveSession, regime: str, policy: str, seed: int) -> pd.DataFrame:
     """The seed's four runs in its interleaved order; writes their outputs and the seed's index."""
     params, root = session.params, session.root
-    requests = pd.read_parquet(trace_dir(root, regime, seed) / "requests.parquet")
+    requests = read_requests(root, regime, seed)
     requests = requests[requests["arrival_s"] < params.live.duration_s].reset_index(drop=True)
-    timeline = load_timeline(root, regime, seed)
+    timeline = read_timeline(root, regime, seed)
     session.warm_up(requests, seed)
     space = live_action_space(params)
     runs: dict[str, LiveRun] = {}
@@ -330,7 +332,7 @@ def live_seed(session: LiveSession, regime: str, policy: str, seed: int) -> pd.D
                                               params.live.time_scale))
     rows = [write_run(params, regime, seed, runs[c], slo, timeline, root, space) for c in condition_order(seed)]
     index = pd.DataFrame(rows, columns=list(INDEX_COLUMNS)).astype({"draw": "Int64"})
-    io.write_csv(live_dir(root, regime, seed) / "index.csv", index)
+    io.write_csv(live_dir(root, regime, seed) / layout.INDEX_FILE, index)
     return index
 
 
@@ -345,7 +347,8 @@ def run_live(params: Params, params_path: Path, regime: str, policy: str, seeds:
 
 def build_live_index(root: Path = Path(".")) -> pd.DataFrame:
     """Join every seed's index into runs/live/index.csv."""
-    frames = [pd.read_csv(p, dtype={"draw": "Int64"}) for p in sorted((Path(root) / LIVE_DIR).glob("*/seed-*/index.csv"))]
+    seed_indexes = sorted(layout.at(root, LIVE_DIR).glob(f"*/{layout.SEED_PREFIX}*/{layout.INDEX_FILE}"))
+    frames = [pd.read_csv(p, dtype={"draw": "Int64"}) for p in seed_indexes]
     index = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(INDEX_COLUMNS))
-    io.write_csv(Path(root) / LIVE_INDEX, index)
+    io.write_csv(layout.at(root, LIVE_INDEX), index)
     return index

@@ -40,6 +40,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from syncsafe.artifacts import layout
 from syncsafe.config import Params, load_params
 from syncsafe.control.clock import WallClock
 from syncsafe.diloco.checkpoint import save_checkpoint
@@ -69,10 +70,11 @@ def checkpointer(run_dir: Path, island: Island, log: list[dict[str, Any]] | None
         if log is not None:
             log.append(stats.to_dict())
         k = island.outer.merges_done
-        save_checkpoint(run_dir / "checkpoints" / f"merge-{k:04d}" / f"island-{island.island_id}.pt", island.checkpoint())
+        save_checkpoint(run_dir / layout.CHECKPOINTS_DIR / f"merge-{k:04d}" / f"island-{island.island_id}.pt",
+                        island.checkpoint())
         dist.barrier()
         if island.island_id == 0:
-            for old in (run_dir / "checkpoints").glob("merge-*"):
+            for old in (run_dir / layout.CHECKPOINTS_DIR).glob("merge-*"):
                 if old.name != f"merge-{k:04d}":
                     shutil.rmtree(old, ignore_errors=True)
 
@@ -185,7 +187,7 @@ class IslandGroup:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        shutil.rmtree(self.run_dir / "checkpoints", ignore_errors=True)
+        shutil.rmtree(self.run_dir / layout.CHECKPOINTS_DIR, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
