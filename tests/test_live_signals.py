@@ -30,6 +30,7 @@ from syncsafe.control.live_signals import (
     sum_samples,
 )
 from syncsafe.control.policies import PressureGate
+from syncsafe.control.types import ClockState
 from syncsafe.serving.profile import HISTOGRAMS
 
 BUSY = (FIXTURES / "vllm_metrics_busy.txt").read_text()
@@ -137,3 +138,33 @@ def test_a_server_that_stops_answering_makes_the_controller_defer_to_max_h_then_
     assert all(d.merge == (d.steps_since_merge >= plan.max_h and fits(d)) for d in degraded)
     assert any(d.merge and d.forced for d in degraded)
     assert not signals.frame()["ok"].all()
+
+
+def test_a_decision_reads_memory_while_a_scrape_hangs():
+    """The scraper blocks inside a scrape; reading the signals and deciding still returns (from memory)."""
+    release, scraping = threading.Event(), threading.Event()
+    calls = []
+
+    def fetch() -> str:
+        calls.append(time.time())
+        if len(calls) > 1:  # the first scrape answers, the next one hangs until released
+            scraping.set()
+            release.wait()
+        return BUSY
+
+    cfg = SignalSettings(time_scale=1.0)
+    with LiveSignals(fetch, time.time(), cfg, interval_s=0.01, stale_after_s=60.0) as signals:
+        assert scraping.wait(10), "the second scrape started"
+        answered = []
+        reader = threading.Thread(target=lambda: answered.append(
+            (signals.problem(), signals.at(1e9), signals.between(-1.0, 1e9),
+             PressureGate(0.5).decide([], signals.at(1e9), ClockState(t_s=1.0, step=4, steps_since_merge=4, min_h=1,
+                                                                      max_h=8, cycle=0)))))
+        reader.start()
+        reader.join(10)
+        hung = reader.is_alive()
+        release.set()
+    assert not hung, "reading the signals waited for the hanging scrape"
+    problem, newest, since, decision = answered[0]
+    assert problem is None and newest.inference_pressure == pytest.approx(3 / 8) and len(since) == 1
+    assert decision.merge  # pressure 3 / 8 below the gate, decided on the sample in memory

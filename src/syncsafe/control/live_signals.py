@@ -38,6 +38,7 @@ the controller then takes the safe action (`syncsafe.control.fallback`).
 
 from __future__ import annotations
 
+import bisect
 import http.client
 import threading
 import time
@@ -219,6 +220,7 @@ class LiveSignals:
         self.rows: list[dict] = []
         self._readings: list[Reading] = []
         self._good: list[FleetSignals] = []
+        self._good_t: list[float] = []  # their t_s, ascending (scrapes are stamped in order)
         self._last_ok = True
         self._last_error = ""
         self._stop = threading.Event()
@@ -240,6 +242,7 @@ class LiveSignals:
         horizon = now - self.cfg.window_s
         window = [r for r in self._readings[-64:] if r.epoch >= horizon] or [reading]
         signals, rates = fleet_signals(window, t_s, self.cfg)
+        self._good_t.append(t_s)  # the stamp first: a reader may see it without its sample, never the reverse
         self._good.append(signals)
         self._last_ok = True
         self.rows.append({"t_s": t_s, "epoch": now, "ok": True, **values, **rates,
@@ -282,7 +285,10 @@ class LiveSignals:
                             checkpoint_pressure=0.0)
 
     def between(self, t0_s: float, t1_s: float) -> list[FleetSignals]:
-        return [s for s in self._good if t0_s < s.t_s <= t1_s]
+        good = self._good  # appended by the scraper thread meanwhile: read each list once, by position
+        lo = bisect.bisect_right(self._good_t, t0_s)
+        hi = bisect.bisect_right(self._good_t, t1_s)
+        return good[lo:hi]
 
     def frame(self) -> pd.DataFrame:
         """The signals timeline: every scrape, good or failed."""
