@@ -1,12 +1,17 @@
 """Benchmark: DiLoCo island loop vs a plain single-process training loop.
 
-Trains fixed_h on the bursty regime (600 trace seconds: 120 inner steps per
-island) with the configured islands, then runs a plain loop (one process,
-same model, batch, threads and island-0 batches) for the same number of
-steps. Prints tokens/s per island between merges vs the plain loop (target:
-at most 5 % overhead), merge wall time and bytes per merge.
+Trains fixed_h on the bursty regime (600 trace seconds) with the configured
+islands, and runs a plain loop (one process, same model, batch, threads and
+island-0 batches) for the same number of steps right before and right after
+it. Prints tokens/s per island between merges vs the mean of the two plain
+loops (target: at most 5 % overhead), merge wall time and bytes per merge.
 
-    python benchmarks/bench_train.py [--params params.yaml]
+The machine may be shared and noisy: `--reps N` repeats the whole
+measurement and prints the median and the spread of the overhead; the last
+line (`RESULT {...}`) is JSON, for interleaving runs of two code versions
+(`PYTHONPATH=<tree>/src python benchmarks/bench_train.py --reps 1`, alternating trees).
+
+    python benchmarks/bench_train.py [--params params.yaml] [--reps 3]
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 import yaml
 
@@ -48,11 +54,8 @@ def plain_loop(params, root: Path, steps: int) -> float:
     return steps * batches.tokens_per_batch / (time.perf_counter() - started)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--params", default="params.yaml")
-    args = ap.parse_args()
-    raw = yaml.safe_load(Path(args.params).read_text())
+def measure(raw: dict) -> dict:
+    """One repetition: plain loop, island run, plain loop (fresh temporary project)."""
     raw["seeds"] = [0]
     raw["regimes"] = {"bursty": raw["regimes"]["bursty"]}
     raw["replay"]["vllm"]["policies"] = ["fixed_h"]
@@ -62,20 +65,41 @@ def main() -> None:
         params = load_params(root / "params.yaml")
         build_traces(params, "bursty", root)
         prepare_tokenizer(params, root)
+        steps = int(params.regimes["bursty"].duration_s // params.control.step_s)  # an upper bound of inner steps
+        plain_before = plain_loop(params, root, steps)
         started = time.perf_counter()
         train_regime(params, root / "params.yaml", "bursty", root, policies=["fixed_h"], seeds=[0])
         launch_s = time.perf_counter() - started
         run = train_dir(root, "bursty", "fixed_h", 0)
         metrics = {**json.loads((run / "metrics.json").read_text()), **json.loads(timing_path(run).read_text())}
-        steps = metrics["inner_steps"]
-        plain = plain_loop(params, root, steps)
+        plain_after = plain_loop(params, root, steps)
+    plain = (plain_before + plain_after) / 2
     island = metrics["island_tokens_per_s"]
-    print(f"islands: {metrics['islands']}, inner steps: {steps}, merges: {metrics['n_merges']}, "
-          f"stage wall (incl. process start, export): {launch_s:.1f} s")
-    print(f"plain loop:        {plain:9.0f} tokens/s")
-    print(f"island loop:       {island:9.0f} tokens/s per island ({100 * (1 - island / plain):+.1f} % overhead)")
-    print(f"merge wall time:   {1000 * metrics['merge_wall_s_mean']:.1f} ms mean")
-    print(f"bytes per merge:   {metrics['bytes_per_merge']:,} (ring all-reduce 2n(W-1)/W)")
+    return {"islands": metrics["islands"], "inner_steps": metrics["inner_steps"], "merges": metrics["n_merges"],
+            "launch_s": launch_s, "plain_before": plain_before, "plain_after": plain_after, "island": island,
+            "overhead_pct": 100 * (1 - island / plain), "merge_wall_ms": 1000 * metrics["merge_wall_s_mean"],
+            "bytes_per_merge": metrics["bytes_per_merge"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--params", default="params.yaml")
+    ap.add_argument("--reps", type=int, default=3)
+    args = ap.parse_args()
+    raw = yaml.safe_load(Path(args.params).read_text())
+    reps = []
+    for rep in range(args.reps):
+        m = measure(raw)
+        reps.append(m)
+        print(f"rep {rep}: islands {m['islands']}, inner steps {m['inner_steps']}, merges {m['merges']}, "
+              f"stage wall (incl. process start, export) {m['launch_s']:.1f} s; plain loop {m['plain_before']:.0f} / "
+              f"{m['plain_after']:.0f} tokens/s (before / after), island loop {m['island']:.0f} tokens/s per island: "
+              f"{m['overhead_pct']:+.1f} % overhead; merge {m['merge_wall_ms']:.1f} ms", flush=True)
+    overhead = np.array([m["overhead_pct"] for m in reps])
+    print(f"overhead over {len(reps)} reps: median {np.median(overhead):+.1f} %, "
+          f"range {overhead.min():+.1f} .. {overhead.max():+.1f} %")
+    print(f"bytes per merge:   {reps[-1]['bytes_per_merge']:,} (ring all-reduce 2n(W-1)/W)")
+    print("RESULT " + json.dumps({"overhead_pct": overhead.tolist(), "reps": reps}))
 
 
 if __name__ == "__main__":
