@@ -276,11 +276,12 @@ LAYOUT_NAMES = {
     "trace.json", "decisions.jsonl", "losses.csv", "merges.csv", "summary.json", "index.csv", "signals.parquet",
     "windows.csv", "repeats.csv", "policy_table.csv", "envelope.csv", "calibration.json", "mechanism.json",
     "fidelity.json", "fit.json", "transfer.csv", "fidelity.csv", "loss_curves.csv", "timing.json", "schedule.json",
-    "metrics.json", "serve-untrained", "vllm-cache",
+    "metrics.json", "serve-untrained", "vllm-cache", "slo_by_policy_envelope.png", "timeline_bursts_vs_merges.png",
+    "loss_curves.png", "cdf.png", "report.md", "profile.json", "metrics.txt",
 }
 #: Names that spell the layout when a path is built from them (`x / "runs"`, `Path("data")`).
 PATH_PART_NAMES = {"data", "runs", "reports", "logs", "models", "train", "traces", "calibration", "fidelity", "live",
-                   "replay", "schedules", "checkpoints", "model"}
+                   "replay", "schedules", "checkpoints", "model", "tokenizer"}
 
 
 def _docstrings(tree: ast.AST) -> set[int]:

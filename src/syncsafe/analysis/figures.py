@@ -19,9 +19,10 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from syncsafe.artifacts import layout
 from syncsafe.io import atomic_path
 
-ENVELOPE_FIGURE = "slo_by_policy_envelope.png"
+ENVELOPE_FIGURE = layout.ENVELOPE_FIGURE_FILE
 PANELS = (("slo_pct", "mr_slo_pct", "SLO violations (%)"), ("sync_excess_pct", "mr_sync_excess_pct", "sync-excess (pp)"))
 SLOT_WIDTH = 0.8
 DPI = 120

@@ -13,10 +13,11 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from syncsafe.artifacts import layout
 from syncsafe.schedules.schedule import Schedule
 
-TIMELINE_FIGURE = "timeline_bursts_vs_merges.png"
-LOSS_FIGURE = "loss_curves.png"
+TIMELINE_FIGURE = layout.TIMELINE_FIGURE_SUFFIX
+LOSS_FIGURE = layout.LOSS_FIGURE_FILE
 
 
 def timeline_figure(regime: str, seed: int, timeline: pd.DataFrame, schedules: list[Schedule]) -> Figure:

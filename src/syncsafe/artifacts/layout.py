@@ -103,6 +103,10 @@ ENVELOPE_FILE = "envelope.csv"
 REPORT_METRICS_FILE = METRICS_FILE
 LOSS_CURVES_FILE = "loss_curves.csv"
 FIGURES_DIR = "figures"
+ENVELOPE_FIGURE_FILE = "slo_by_policy_envelope.png"
+#: reports/figures/<regime>_timeline_bursts_vs_merges.png and reports/figures/loss_curves.png.
+TIMELINE_FIGURE_SUFFIX = "timeline_bursts_vs_merges.png"
+LOSS_FIGURE_FILE = "loss_curves.png"
 SERVER_LOG_FILE = "server.log"
 
 # --------------------------------------------------------------------------- root-relative paths
