@@ -29,7 +29,7 @@ from syncsafe.config import FidelityTargets, Params
 from syncsafe.schedules.schedule import Schedule, write_schedule
 from syncsafe.control.serving_model import Calibration, load_calibration
 from syncsafe.serving.metrics import derive_slo, summarize
-from syncsafe.serving.profile import ProbeRow, ServerProfile, max_num_seqs
+from syncsafe.serving.engine_profile import ProbeRow, ServerProfile, max_num_seqs
 from syncsafe.serving.simulator import simulate_replay
 
 REPO = Path(__file__).resolve().parents[2]

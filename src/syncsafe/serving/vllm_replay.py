@@ -42,7 +42,7 @@ from syncsafe.serving.replay import (
     resolve_slo,
     wall_windows,
 )
-from syncsafe.serving.profile import max_num_seqs, profile_server
+from syncsafe.serving.engine_profile import max_num_seqs, profile_server
 from syncsafe.serving.vllm_plan import choose_schedules, replay_order, vllm_controllers, vllm_seeds
 from syncsafe.serving.vllm_server import ServerError, VllmServer, resolve_python
 
@@ -218,7 +218,7 @@ def replay_vllm(params: Params, root: Path = Path(".")) -> pd.DataFrame:
 
 
 def write_server_profile(server: VllmServer, work: MergeInterference, out_root: Path, vocab: int, cfg) -> Path:
-    """Probe the server (`syncsafe.serving.profile`) and write profile.json and the last /metrics text."""
+    """Probe the server (`syncsafe.serving.engine_profile`) and write profile.json and the last /metrics text."""
     def merge_window(start: float, end: float):
         work.submit([(start, end)])
         return lambda: work.collect(timeout_s=cfg.request_timeout_s + (end - start))

@@ -2,7 +2,7 @@
 
 Two steps, on wall time (`records.wall_inputs`):
 
-1. **Profile** (`profile_prior`, from `syncsafe.serving.profile`): the decode
+1. **Profile** (`profile_prior`, from `syncsafe.serving.engine_profile`): the decode
    probes' mean inter-token latency at `n` sequences in flight is one
    iteration of a batch of `n`, so a least-squares line through them gives
    `iter_base_ms` (intercept) and `decode_ms_per_seq` (slope); the prefill
@@ -45,7 +45,7 @@ from syncsafe.analysis.calibration.records import (
 )
 from syncsafe.control.serving_model import MAX_MERGE_SHARE, Calibration
 from syncsafe.serving.metrics import derive_slo, violation_mask
-from syncsafe.serving.profile import ServerProfile
+from syncsafe.serving.engine_profile import ServerProfile
 
 #: Fewest no-sync requests the replay step accepts.
 MIN_SERVICE_ROWS = 10

@@ -38,7 +38,7 @@ VLLM_SET = layout.VLLM_SET
 VLLM_INDEX = layout.VLLM_INDEX
 #: Second no-sync replay of each seed, run last (same columns as the index).
 VLLM_REPEATS = layout.VLLM_REPEATS
-#: Server profile written by the vLLM replay stage (`syncsafe.serving.profile`).
+#: Server profile written by the vLLM replay stage (`syncsafe.serving.engine_profile`).
 VLLM_PROFILE = layout.VLLM_PROFILE
 
 

@@ -36,7 +36,7 @@ from syncsafe.artifacts.calibration import read_fit, read_server_profile, write_
 from syncsafe.artifacts.replay_sets import read_set_index, read_summary
 from syncsafe.config import Params
 from syncsafe.control.serving_model import Calibration, simulator_calibration
-from syncsafe.serving.profile import ServerProfile, max_num_seqs
+from syncsafe.serving.engine_profile import ServerProfile, max_num_seqs
 from syncsafe.serving.vllm_plan import vllm_seed_split
 
 CALIBRATION_DIR = layout.CALIBRATION
