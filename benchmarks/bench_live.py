@@ -10,7 +10,7 @@ Two paths, each timed per control cycle over every controller policy:
   if nothing ran in the background.
 
 The scrape goes to `--url` (a running vLLM server) or, by default, to the
-tests' stand-in (tests/exposition_server.py: HTTP/1.1 keep-alive, answering
+tests' stand-in in its own process (tests/exposition_server.py: HTTP/1.1 keep-alive, answering
 with the /metrics text recorded from the real vLLM CPU server,
 tests/fixtures/vllm_metrics_busy.txt), so it runs anywhere. The last two
 lines pool every policy's cycles.
@@ -21,9 +21,10 @@ lines pool every policy's cycles.
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -35,9 +36,18 @@ from syncsafe.control.serving_model import load_calibration
 from syncsafe.control.types import ClockState, LearnerReport
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))  # the recorded-exposition stand-in the tests use
+STAND_IN = REPO / "tests" / "exposition_server.py"  # the recorded-exposition stand-in the tests use
 
-from exposition_server import FIXTURES, ExpositionServer  # noqa: E402
+
+@contextmanager
+def stand_in_server():
+    """The stand-in in its own process (as a real server is: no GIL shared with the scraper); yields its url."""
+    proc = subprocess.Popen([sys.executable, str(STAND_IN)], stdout=subprocess.PIPE, text=True)
+    try:
+        yield proc.stdout.readline().strip()
+    finally:
+        proc.terminate()
+        proc.wait()
 
 
 def _stats(values_us: list[float]) -> str:
@@ -53,7 +63,7 @@ def main() -> None:
     args = ap.parse_args()
     params = load_params(args.params)
     stack = ExitStack()
-    url = args.url or stack.enter_context(ExpositionServer((FIXTURES / "vllm_metrics_busy.txt").read_text())).url
+    url = args.url or stack.enter_context(stand_in_server())
     live = params.live
     cfg = SignalSettings(time_scale=live.time_scale, window_s=live.signal_window_s, capacity_seqs=live.capacity_seqs,
                          reference_rps=live.reference_rps, busy_pressure=live.busy_pressure)

@@ -69,3 +69,18 @@ class ExpositionServer(http.server.ThreadingHTTPServer):
     def __exit__(self, *exc: object) -> None:
         if self.answering:
             self.stop_answering()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python tests/exposition_server.py [FILE]`: serve FILE (default: the busy fixture) until killed; prints the url."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    text = Path(args[0] if args else FIXTURES / "vllm_metrics_busy.txt").read_text()
+    with ExpositionServer(text) as server:
+        print(server.url, flush=True)
+        threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()
