@@ -342,3 +342,26 @@ def test_the_check_finds_a_spelled_path():
     found = layout_spellings(source, "probe.py")
     assert sorted(found) == sorted(["probe.py:3: 'runs'", "probe.py:3: 'train'", "probe.py:4: 'seed-'",
                                     "probe.py:5: 'index.csv'"])
+
+
+def test_artifacts_sits_at_the_bottom():
+    """artifacts imports no syncsafe module but errors, io and itself (and only the data libraries)."""
+    allowed_third_party = {"numpy", "pandas", "pyarrow", "pydantic", "yaml"}
+    stdlib = set(__import__("sys").stdlib_module_names)
+    for path in sorted((PACKAGE / "artifacts").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module == "syncsafe":  # from syncsafe import io
+                names = [f"syncsafe.{a.name}" for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                names = []
+            for name in names:
+                top = name.split(".")[0]
+                if top == "syncsafe":
+                    assert name in ("syncsafe.errors", "syncsafe.io") or name.startswith(
+                        "syncsafe.artifacts"), f"{path.name} imports {name}"
+                else:
+                    assert top in stdlib or top in allowed_third_party or top == "__future__", f"{path.name}: {name}"
