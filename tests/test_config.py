@@ -174,6 +174,7 @@ def test_composed_params_are_not_composed_again(repo_root, tmp_path, cli):
     with pytest.raises(ConfigError, match=r"already composed from \['gpu'\].*compose from the base params.yaml"):
         compose_file(out, ["tiny"])
     assert compose_file(out, ["cpu"]) == yaml.safe_load(out.read_text())  # cpu: no overlay, nothing to refuse
+    assert compose_file(out, ["gpu"]) == yaml.safe_load(out.read_text())  # already the gpu profile: unchanged
 
 
 def test_overlays_stack_in_order_with_a_joined_label(repo_root):

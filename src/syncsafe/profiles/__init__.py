@@ -63,6 +63,8 @@ def read_overlay(name: str) -> dict[str, Any]:
 def compose(base: dict[str, Any], names: Sequence[str], source: str = "params.yaml") -> dict[str, Any]:
     """The params of profile(s) `names` on `base` (a params mapping with no overlay yet), validated.
 
+    Params that already hold exactly `names` come back as they are; params
+    composed from other overlays are refused (overlays cannot be taken off).
     Returns the raw mapping (to write as YAML); raises ConfigError naming the
     profile or the key that is wrong.
     """
@@ -70,6 +72,8 @@ def compose(base: dict[str, Any], names: Sequence[str], source: str = "params.ya
     if len(set(names)) != len(names):
         raise ConfigError(f"profiles {list(names)}: each profile may be applied once")
     already = base.get("overlays") or []
+    if names == already:
+        names = []
     if names and already:
         raise ConfigError(f"{source}: already composed from {already} (profile "
                           f"{base.get('profile')!r}); compose from the base params.yaml")
