@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from syncsafe.tracking.collectors import collect_stage
 from syncsafe.tracking.records import Collected, StageRecord, TrackedRun, tag_value
 from syncsafe.tracking.settings import (
     _MAX_KEY,
@@ -62,6 +63,7 @@ from syncsafe.tracking.settings import (
     tracking_uri,
 )
 from syncsafe.tracking.store_lock import LockedClient, call_locked, file_lock, store_lock_path
+
 
 @dataclass
 class StageHandle:
@@ -117,8 +119,6 @@ def tracked_stage(
     if not tracking_enabled():
         yield handle
         return
-    from syncsafe.tracking.collectors import collect_stage
-
     if system_metrics is None:
         system_metrics = os.environ.get("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", "").strip().lower() in _ON
     strict = strict_from_env() if strict is None else strict
