@@ -34,7 +34,7 @@ import yaml
 os.environ.setdefault("SYNCSAFE_TRACKING", "off")
 
 from syncsafe import io  # noqa: E402
-from syncsafe.analysis.live import live_section  # noqa: E402
+from syncsafe.analysis.live import live_section, read_live_index  # noqa: E402
 from syncsafe.config import load_params  # noqa: E402
 
 SERVER_START_S = 120.0  # a vLLM CPU server's start on a loaded 2-core machine, roughly
@@ -73,11 +73,15 @@ def prepare(root: Path, source: Path, regimes: list[str], seeds: list[int], poli
 
 def settings_line(params, regimes: list[str], seeds: list[int]) -> str:
     live = params.live
-    return (f"policy {live.policy}, regimes {regimes}, seeds {seeds}, duration_s {live.duration_s}, "
+    return (f"policy {live.policy}, regimes {regimes}{f', seeds {seeds}' if seeds else ''}, duration_s {live.duration_s}, "
             f"time_scale {live.time_scale}, warmup_s {live.warmup_s}, scrape_interval_s {live.scrape_interval_s}, "
             f"islands {params.train.islands}, control step_s {params.control.step_s} min_h {params.control.min_h} "
             f"max_h {params.control.max_h}, merge window_s {params.merge.window_s}, "
             f"SLO x{params.replay.slo.multiplier} of each seed's training-without-merges p95")
+
+
+def command_line() -> str:
+    return "python benchmarks/bench_live_evidence.py " + shlex.join(sys.argv[1:])
 
 
 def main() -> None:
@@ -85,18 +89,21 @@ def main() -> None:
     ap.add_argument("--params", type=Path, default=Path("params.yaml"))
     ap.add_argument("--root", type=Path, default=Path("."))
     ap.add_argument("--regime", action="append", help="regime (repeatable); default: bursty and azure_conv")
-    ap.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1")
+    ap.add_argument("--seeds", type=int, default=5, help="how many seeds: first-seed .. first-seed + N - 1")
+    ap.add_argument("--first-seed", type=int, default=0, help="more seeds into the same --root: the table joins them")
     ap.add_argument("--policy", default=None, help="live policy; default: live.policy")
     ap.add_argument("--report-only", action="store_true")
     ap.add_argument("--out", type=Path, default=None, help="also write command, settings and table here")
     args = ap.parse_args()
     root = args.root.resolve()
     regimes = args.regime or ["bursty", "azure_conv"]
-    seeds = list(range(args.seeds))
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     if not args.report_only:
         from syncsafe.serving.live import run_live
 
         root.mkdir(parents=True, exist_ok=True)
+        with open(root / "commands.txt", "a") as log:  # every run into this root, for the --out file
+            log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC: {command_line()}\n")
         path = prepare(root, args.params, regimes, seeds, args.policy)
         params = load_params(path)
         live = params.live
@@ -110,10 +117,11 @@ def main() -> None:
     section = live_section(root, params.analysis.alpha)
     print(section)
     if args.out is not None:
-        command = "python benchmarks/bench_live_evidence.py " + shlex.join(sys.argv[1:])
-        ran = sorted({*params.live.regimes})
-        io.write_text(args.out, f"# Live evidence\n\nCommand: `{command}`\n\nSettings: "
-                                f"{settings_line(params, ran, list(params.live.seeds or []))}\n\n{section}\n")
+        commands = (root / "commands.txt").read_text() if (root / "commands.txt").is_file() else command_line() + "\n"
+        index = read_live_index(root)
+        ran = {r: sorted(int(s) for s in index[index["regime"] == r]["seed"].unique()) for r in sorted(set(index["regime"]))}
+        io.write_text(args.out, f"# Live evidence\n\nRuns (joined under one --root):\n\n```\n{commands}```\n\n"
+                                f"Settings: {settings_line(params, list(ran), [])}; seeds run: {ran}\n\n{section}\n")
 
 
 if __name__ == "__main__":
