@@ -261,7 +261,6 @@ def test_a_malformed_schedule_is_bad_input_and_still_a_schedule_error(tmp_path):
 MIGRATING = {
     "cli.py": "pipeline entry points (engineer B)",
     "pipeline/": "stage declarations (engineer B)",
-    "tracking/": "tracking collectors (engineer C)",
     "serving/live.py": "live runs (engineer E)",
     "serving/live_islands.py": "live island logs (engineer E)",
     "analysis/live.py": "live analysis (engineer E)",

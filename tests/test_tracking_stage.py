@@ -15,10 +15,14 @@ import mlflow
 import pandas as pd
 import pytest
 
+from syncsafe.analysis.evidence import FidelityEvidence
 from syncsafe.artifacts import layout
+from syncsafe.artifacts.calibration import write_model
+from syncsafe.artifacts.reports import CONTRACT_COLUMNS, policy_table_path
 from syncsafe.artifacts.traces import read_timeline
 from syncsafe.artifacts.train_runs import write_losses, write_merges, write_metrics
 from syncsafe.pipeline.declarations import stage as declared
+from syncsafe.control.serving_model import Calibration
 from syncsafe.schedules.stage import build_schedules
 from syncsafe.traces.stage import build_traces
 from syncsafe.tracking import (
@@ -206,21 +210,23 @@ def test_stage_level_collectors_read_live_calibration_fidelity_and_reports(tmp_p
                             f"no_train.seed-{seed}.slo_violation_rate": 0.05, f"no_train.seed-{seed}.n_merges": 0}
     assert live.artifacts == [index] and live.runs == []
 
-    _write(tmp_path / layout.FITTED_CALIBRATION, json.dumps({"fitted": True, "iter_base_ms": 5.0, "merge_compute_share": 0.2}))
+    calibration = Calibration(fitted=True, iter_base_ms=5.0, merge_compute_share=0.2)
+    write_model(tmp_path / layout.FITTED_CALIBRATION, calibration)
     _write(tmp_path / layout.CALIBRATION_REPORT, "# fit\n")
     fit = collect_stage("calibrate-fit", tmp_path, params, None)
-    assert fit.metrics == {"calibration.iter_base_ms": 5.0, "calibration.merge_compute_share": 0.2}
+    assert fit.metrics == {f"calibration.{k}": float(v) for k, v in calibration.model_dump(exclude={"fitted"}).items()}
+    assert fit.metrics["calibration.iter_base_ms"] == 5.0 and fit.metrics["calibration.merge_compute_share"] == 0.2
     assert sorted(Path(p).name for p in fit.artifacts) == ["calibration.json", "report.md"]
 
-    _write(tmp_path / layout.FIDELITY_EVIDENCE, json.dumps(
-        {"calibration": "fitted", "p95_rel_error_max": 0.25, "sync_ratio_paired_sim_over_real": None}))
+    write_model(tmp_path / layout.FIDELITY_EVIDENCE, FidelityEvidence(calibration="fitted", p95_rel_error_max=0.25))
     fidelity = collect_stage("fidelity", tmp_path, params, None)
-    assert fidelity.metrics == {"fidelity.p95_rel_error_max": 0.25}
+    assert fidelity.metrics == {"fidelity.p95_rel_error_max": 0.25}  # what was not measured is not logged
 
-    table = tmp_path / layout.report_rel(layout.POLICY_TABLE_FILE)
+    table = policy_table_path(tmp_path)
     table.parent.mkdir(parents=True)
-    pd.DataFrame([{"regime": "bursty", "policy": "wa_diloco", "tier": "stress harness only", "slo_pct_mean": 1.5,
-                   "p_vs_matched_random": float("nan"), "n_seeds": 2}]).to_csv(table, index=False)
+    row = dict.fromkeys(CONTRACT_COLUMNS, float("nan"))
+    row.update(regime="bursty", policy="wa_diloco", tier="stress harness only", slo_pct_mean=1.5, n_seeds=2)
+    pd.DataFrame([row]).to_csv(table, index=False)
     _write(tmp_path / "reports" / "figures" / "loss.png", "png")
     (run,) = (analyze := collect_stage("analyze", tmp_path, params, None)).runs
     assert (run.regime, run.policy, dict(run.tags)) == ("bursty", "wa_diloco", {"tier": "stress harness only"})

@@ -158,10 +158,11 @@ def live(root: Path, params: Any, regime: str | None) -> Collected:
 
 @register("calibrate-fit")
 def calibrate_fit(root: Path, params: Any, regime: str | None) -> Collected:
-    from syncsafe.artifacts.base import read_json
+    from syncsafe.artifacts.calibration import read_calibration
+    from syncsafe.control.serving_model import Calibration
 
-    calibration = read_json(layout.at(root, layout.FITTED_CALIBRATION), "calibration")
-    metrics = {f"calibration.{k}": float(v) for k, v in _scalars(calibration).items() if k != "fitted"}
+    calibration = read_calibration(layout.at(root, layout.FITTED_CALIBRATION), Calibration)
+    metrics = {f"calibration.{k}": float(v) for k, v in calibration.model_dump(exclude={"fitted"}).items()}
     names = (layout.CALIBRATION_FILE, layout.MECHANISM_FILE, layout.FIT_FILE, layout.TRANSFER_FILE, layout.REPORT_FILE)
     return Collected(metrics=metrics, artifacts=_present([layout.at(root, layout.CALIBRATION) / n for n in names]))
 
@@ -172,10 +173,12 @@ _FIDELITY_METRICS = ("p95_rel_error_max", "p95_rel_error_mean", "slo_abs_error_p
 
 @register("fidelity")
 def fidelity(root: Path, params: Any, regime: str | None) -> Collected:
-    from syncsafe.artifacts.base import read_json
+    from syncsafe.analysis.evidence import FidelityEvidence
+    from syncsafe.artifacts.base import read_model
 
-    evidence = read_json(layout.at(root, layout.FIDELITY_EVIDENCE), "fidelity evidence")
-    metrics = {f"fidelity.{k}": float(evidence[k]) for k in _FIDELITY_METRICS if evidence.get(k) is not None}
+    evidence = read_model(layout.at(root, layout.FIDELITY_EVIDENCE), FidelityEvidence, "fidelity evidence file")
+    values = {k: getattr(evidence, k) for k in _FIDELITY_METRICS}
+    metrics = {f"fidelity.{k}": float(v) for k, v in values.items() if v is not None}
     names = (layout.FIDELITY_FILE, layout.FIDELITY_TABLE_FILE, layout.REPORT_FILE, layout.CDF_FIGURE_FILE)
     return Collected(metrics=metrics, artifacts=_present([layout.at(root, layout.FIDELITY) / n for n in names]))
 
@@ -185,10 +188,10 @@ _POLICY_METRICS = ("slo_pct_mean", "sync_excess_pct_mean", "p_vs_matched_random"
 
 @register("analyze")
 def analyze(root: Path, params: Any, regime: str | None) -> Collected:
-    from syncsafe.artifacts.base import read_csv
+    from syncsafe.artifacts.reports import read_policy_table
 
     reports = layout.at(root, layout.REPORTS)
-    table = read_csv(reports / layout.POLICY_TABLE_FILE, "policy table", ("regime", "policy", "tier"))
+    table = read_policy_table(root)
     runs = [
         TrackedRun(regime=rec["regime"], policy=rec["policy"], tags={"tier": rec["tier"]},
                    metrics={k: rec[k] for k in _POLICY_METRICS if k in rec and pd.notna(rec[k])})
