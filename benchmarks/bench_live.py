@@ -44,7 +44,10 @@ def stand_in_server():
     """The stand-in in its own process (as a real server is: no GIL shared with the scraper); yields its url."""
     proc = subprocess.Popen([sys.executable, str(STAND_IN)], stdout=subprocess.PIPE, text=True)
     try:
-        yield proc.stdout.readline().strip()
+        url = proc.stdout.readline().strip()
+        if not url.startswith("http://"):
+            raise SystemExit(f"the stand-in {STAND_IN} did not start (exit {proc.poll()})")
+        yield url
     finally:
         proc.terminate()
         proc.wait()
