@@ -7,6 +7,10 @@ seed for traces; per regime x policy x seed for training; per schedule, draws
 included, for schedules and replays; per regime x policy for the analysis)
 plus stage-level scalars and files. :data:`COLLECTORS` maps a stage name (as
 declared in :mod:`syncsafe.pipeline.declarations`) to its collector.
+
+The collectors import :mod:`syncsafe.artifacts` (and the one computation they
+need, the busy overlap of a schedule) but no stage's code: every stage process
+imports this module, so what it imports becomes every stage's code deps.
 """
 
 from __future__ import annotations
@@ -158,11 +162,10 @@ def live(root: Path, params: Any, regime: str | None) -> Collected:
 
 @register("calibrate-fit")
 def calibrate_fit(root: Path, params: Any, regime: str | None) -> Collected:
-    from syncsafe.artifacts.calibration import read_calibration
-    from syncsafe.control.serving_model import Calibration
+    from syncsafe.artifacts.base import read_json
 
-    calibration = read_calibration(layout.at(root, layout.FITTED_CALIBRATION), Calibration)
-    metrics = {f"calibration.{k}": float(v) for k, v in calibration.model_dump(exclude={"fitted"}).items()}
+    calibration = read_json(layout.at(root, layout.FITTED_CALIBRATION), "calibration file")
+    metrics = {f"calibration.{k}": float(v) for k, v in _scalars(calibration).items() if k != "fitted"}
     names = (layout.CALIBRATION_FILE, layout.MECHANISM_FILE, layout.FIT_FILE, layout.TRANSFER_FILE, layout.REPORT_FILE)
     return Collected(metrics=metrics, artifacts=_present([layout.at(root, layout.CALIBRATION) / n for n in names]))
 
@@ -173,12 +176,10 @@ _FIDELITY_METRICS = ("p95_rel_error_max", "p95_rel_error_mean", "slo_abs_error_p
 
 @register("fidelity")
 def fidelity(root: Path, params: Any, regime: str | None) -> Collected:
-    from syncsafe.analysis.evidence import FidelityEvidence
-    from syncsafe.artifacts.base import read_model
+    from syncsafe.artifacts.base import read_json
 
-    evidence = read_model(layout.at(root, layout.FIDELITY_EVIDENCE), FidelityEvidence, "fidelity evidence file")
-    values = {k: getattr(evidence, k) for k in _FIDELITY_METRICS}
-    metrics = {f"fidelity.{k}": float(v) for k, v in values.items() if v is not None}
+    evidence = read_json(layout.at(root, layout.FIDELITY_EVIDENCE), "fidelity evidence file")
+    metrics = {f"fidelity.{k}": float(evidence[k]) for k in _FIDELITY_METRICS if evidence.get(k) is not None}
     names = (layout.FIDELITY_FILE, layout.FIDELITY_TABLE_FILE, layout.REPORT_FILE, layout.CDF_FIGURE_FILE)
     return Collected(metrics=metrics, artifacts=_present([layout.at(root, layout.FIDELITY) / n for n in names]))
 
