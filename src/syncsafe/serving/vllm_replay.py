@@ -28,6 +28,7 @@ from syncsafe.artifacts.replay_sets import write_signals, write_windows
 from syncsafe.artifacts.schedule_sets import read_schedule_index
 from syncsafe.artifacts.traces import read_requests, read_timeline
 from syncsafe.config import Params
+from syncsafe.control.live_signals import sum_samples
 from syncsafe.schedules.schedule import read_schedule
 from syncsafe.serving.interference import MergeInterference
 from syncsafe.serving.loadgen import replay_requests
@@ -61,14 +62,7 @@ SERVER_LOG = layout.VLLM_SERVER_LOG
 
 def parse_gauges(text: str) -> dict[str, float]:
     """The GAUGES from a Prometheus text exposition (missing ones are absent)."""
-    values: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("#") or not line.strip():
-            continue
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in GAUGES:
-            values[GAUGES[name]] = values.get(GAUGES[name], 0.0) + float(line.rsplit(" ", 1)[1])
-    return values
+    return {GAUGES[name]: value for name, value in sum_samples(text, GAUGES).items()}
 
 
 class MetricsScraper:
