@@ -19,7 +19,7 @@ def print_replay_summary(root: Path = Path("."), console: Console | None = None)
         table = Table(title=f"{backend} · regime {regime}", title_justify="left")
         for col, justify in (("policy", "left"), ("replays", "right"), ("SLO violations", "right"),
                              ("p95 ms", "right"), ("sync ratio (unpaired)", "right")):
-            table.add_column(col, justify=justify)
+            table.add_column(col, justify=justify, no_wrap=col == "policy")  # a label stays one searchable line
         agg = part.groupby("label", sort=True).agg(n=("seed", "size"), slo=("slo_violation_rate", "mean"),
                                                    p95=("p95_ms", "mean"), sync=("sync_ratio_unpaired", "mean"))
         for label, rec in agg.iterrows():
