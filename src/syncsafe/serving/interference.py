@@ -52,6 +52,7 @@ def _worker(rank: int, world: int, port: int, mode: Mode, numel: int, scratch: s
                                 world_size=world, timeout=timeout)
     generator = torch.Generator().manual_seed(rank)
     pseudo_gradient = torch.randn(numel, generator=generator)
+    results.put((rank, None))  # ready: windows submitted from now on are worked on time
     weights = torch.zeros(numel)
     a = torch.randn(384, 384, generator=generator)
     checkpoint = Path(scratch) / f"merge-checkpoint-{rank}.pt"
@@ -89,9 +90,12 @@ def _worker(rank: int, world: int, port: int, mode: Mode, numel: int, scratch: s
 class MergeInterference:
     """Worker processes that run merge work during the windows they are given."""
 
-    def __init__(self, mode: Mode, workers: int, payload_numel: int, scratch_dir: Path | None = None) -> None:
+    def __init__(self, mode: Mode, workers: int, payload_numel: int, scratch_dir: Path | None = None,
+                 ready_timeout_s: float = 180.0) -> None:
         """`scratch_dir`: where merge checkpoints are written; None = a temporary directory
-        outside every stage output, removed on exit."""
+        outside every stage output, removed on exit. Entering waits up to `ready_timeout_s` for
+        every worker to start."""
+        self.ready_timeout_s = ready_timeout_s
         self.mode = mode
         self.world = workers
         self.numel = payload_numel
@@ -113,7 +117,34 @@ class MergeInterference:
             p.start()
             self._procs.append(p)
             self._commands.append(q)
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
         return self
+
+    def _next_report(self, deadline: float, waiting_for: str) -> tuple[int, object]:
+        """The next (rank, payload) a worker put on the results queue; a dead worker or the deadline raises."""
+        assert self._results is not None
+        while True:
+            dead = [i for i, p in enumerate(self._procs) if not p.is_alive()]
+            if dead:
+                raise InterferenceError(f"interference worker(s) {dead} died (exit {self._procs[dead[0]].exitcode})")
+            try:
+                return self._results.get(timeout=min(1.0, max(0.01, deadline - time.monotonic())))
+            except queue.Empty:
+                if time.monotonic() > deadline:
+                    raise InterferenceError(f"interference workers did not {waiting_for}") from None
+
+    def _wait_ready(self) -> None:
+        """Block until every worker has started (torch imported, process group joined): a window
+        submitted before that would be missed, or worked late."""
+        deadline = time.monotonic() + self.ready_timeout_s
+        ready: set[int] = set()
+        while len(ready) < self.world:
+            rank, _ = self._next_report(deadline, f"start within {self.ready_timeout_s:.0f} s")
+            ready.add(rank)
 
     def submit(self, windows: list[tuple[float, float]]) -> None:
         """Start working on these (start_epoch, end_epoch) windows in the background."""
@@ -122,19 +153,11 @@ class MergeInterference:
 
     def collect(self, timeout_s: float) -> list[tuple[float, float, int]]:
         """Wait for every worker's report; rank 0's worked intervals (begin, end, iterations)."""
-        assert self._results is not None
         reports = {}
         deadline = time.monotonic() + timeout_s
         while len(reports) < self.world:
-            dead = [i for i, p in enumerate(self._procs) if not p.is_alive()]
-            if dead:
-                raise InterferenceError(f"interference worker(s) {dead} died (exit {self._procs[dead[0]].exitcode})")
-            try:
-                rank, worked = self._results.get(timeout=min(1.0, max(0.01, deadline - time.monotonic())))
-                reports[rank] = worked
-            except queue.Empty:
-                if time.monotonic() > deadline:
-                    raise InterferenceError(f"interference workers did not report within {timeout_s:.0f} s") from None
+            rank, worked = self._next_report(deadline, f"report within {timeout_s:.0f} s")
+            reports[rank] = worked
         return reports[0]
 
     def __exit__(self, *exc) -> None:

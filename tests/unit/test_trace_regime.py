@@ -26,7 +26,7 @@ from syncsafe.traces.trace_regime import (
     token_limit,
 )
 
-AZURE = Path(__file__).resolve().parents[1] / "assets" / "traces" / "azure_llm_2023_conv.parquet"
+AZURE = Path(__file__).resolve().parents[2] / "assets" / "traces" / "azure_llm_2023_conv.parquet"
 
 
 def _with_regime(raw: dict, **regime) -> dict:

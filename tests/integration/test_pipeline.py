@@ -220,3 +220,18 @@ def test_a_stage_script_runs_its_entry_alone_with_the_cli_s_outputs(tmp_path, pa
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
         "error: --regime 'nope': not a regime in params.yaml (have " + repr(sorted(yaml.safe_load(
             params_file.read_text())["regimes"])) + ")"]
+
+
+@pytest.mark.slow
+def test_the_calibration_loop_has_no_cycle_in_dvc(repo_root):
+    dvc = repo_root / ".venv" / "bin" / "dvc"
+    if not dvc.exists():
+        dvc = Path(shutil.which("dvc") or "dvc")
+    done = subprocess.run([str(dvc), "dag", "--dot"], cwd=repo_root, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr  # dvc refuses a cyclic pipeline
+    edges = {tuple(part.strip().strip('"') for part in line.rstrip(";").split("->"))
+             for line in done.stdout.splitlines() if "->" in line}
+    assert ("replay-vllm", "calibrate-fit") in edges and ("calibrate-fit", "fidelity") in edges
+    assert any(a == "calibrate-fit" and b.startswith("replay-simulator@") for a, b in edges)
+    assert ("fidelity", "analyze") in edges
+    assert not any(a.startswith("replay-simulator@") and b in ("replay-vllm", "calibrate-fit") for a, b in edges)

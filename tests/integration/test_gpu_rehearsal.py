@@ -24,7 +24,7 @@ from syncsafe.diloco.hub import local_island_texts, resolve_model
 from syncsafe.errors import BadInput
 from syncsafe.profiles import compose_file
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 
 

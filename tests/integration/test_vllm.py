@@ -24,7 +24,7 @@ from syncsafe.serving.vllm_server import ServerError
 from syncsafe.traces.stage import build_traces
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 
 

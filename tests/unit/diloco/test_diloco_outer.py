@@ -1,25 +1,20 @@
 """Outer step: pseudo-gradient sign, (weighted) averaging and Nesterov momentum, by hand.
 
-Islands are simulated in-process (threads meeting in a fake all-reduce) and,
-once, as real ``torch.distributed`` gloo processes.
+Islands are simulated in-process (threads meeting in a fake all-reduce); the same
+case over real ``torch.distributed`` gloo processes: tests/integration/test_outer_gloo.py.
 """
 
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import timedelta
-from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
-from syncsafe.diloco.comm import torch_all_reduce_mean
+from outer_case import LR, MOMENTUM, hand_outer_steps, island_delta, make_model, train_island
 from syncsafe.diloco.outer import (
     AllReduceMean,
     MergeStats,
@@ -27,57 +22,6 @@ from syncsafe.diloco.outer import (
     flatten_parameters,
     ring_all_reduce_bytes,
 )
-
-LR = 0.7
-MOMENTUM = 0.9
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def make_model() -> nn.Module:
-    """A small model with two parameter tensors and known initial values."""
-    model = nn.Linear(3, 2)
-    with torch.no_grad():
-        model.weight.copy_(torch.tensor([[0.5, -1.0, 2.0], [1.5, 0.25, -0.75]]))
-        model.bias.copy_(torch.tensor([0.1, -0.2]))
-    return model
-
-
-def island_delta(island: int, merge: int) -> torch.Tensor:
-    """The flat change island ``island`` makes in its inner steps before merge ``merge``."""
-    generator = torch.Generator().manual_seed(1000 * merge + island)
-    return torch.randn(8, generator=generator, dtype=torch.float64) * (island + 1)
-
-
-def train_island(model: nn.Module, island: int, merge: int) -> None:
-    """Stand-in for H inner steps: local = global + delta."""
-    delta = island_delta(island, merge).to(torch.float32)
-    offset = 0
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(delta[offset : offset + p.numel()].view_as(p))
-            offset += p.numel()
-
-
-def hand_outer_steps(
-    weights: Sequence[float], num_merges: int, lr: float = LR, momentum: float = MOMENTUM
-) -> torch.Tensor:
-    """Global parameters after ``num_merges`` merges, computed by hand in float64.
-
-    pg_i = global - local_i = -delta_i; avg = sum w_i pg_i / sum w_i;
-    Nesterov (torch SGD, dampening 0): buf = momentum * buf + avg (buf = avg at first);
-    global -= lr * (avg + momentum * buf).
-    """
-    global_params = flatten_parameters(make_model()).to(torch.float64)
-    total = sum(weights)
-    buf: torch.Tensor | None = None
-    for merge in range(num_merges):
-        averaged = sum(w * -island_delta(i, merge) for i, w in enumerate(weights)) / total
-        buf = averaged.clone() if buf is None else momentum * buf + averaged
-        global_params = global_params - lr * (averaged + momentum * buf)
-    return global_params
-
 
 class ThreadedAllReduce:
     """Fake collective: each island's thread deposits its buffer; all get the list's mean."""
@@ -216,58 +160,6 @@ def test_state_dict_for_another_model_is_rejected() -> None:
     state = OuterOptimizer(make_model(), num_islands=2).state_dict()
     with pytest.raises(ValueError, match="different model"):
         OuterOptimizer(nn.Linear(4, 2), num_islands=2).load_state_dict(state)
-
-
-# --------------------------------------------------------------------------- gloo
-
-
-def gloo_island(rank: int, world_size: int, init_file: str, out_dir: str, weights: list[float]) -> None:
-    """One island process: two merges over a real gloo process group."""
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size, timeout=timedelta(seconds=60)
-    )
-    try:
-        model = make_model()
-        outer = OuterOptimizer(model, num_islands=world_size, lr=LR, momentum=MOMENTUM)
-        all_reduce_mean = torch_all_reduce_mean()
-        for merge in range(2):
-            train_island(model, rank, merge)
-            outer.merge(model, all_reduce_mean, weight=weights[rank])
-        torch.save(
-            {"global": outer.global_flat.detach().clone(), "local": flatten_parameters(model)},
-            Path(out_dir) / f"island-{rank}.pt",
-        )
-    finally:
-        dist.destroy_process_group()
-
-
-def spawn_islands(fn: Callable[..., None], nprocs: int, args: tuple, timeout_s: float) -> None:
-    """``mp.spawn`` with a deadline: kill the islands rather than hang the test suite."""
-    context = mp.spawn(fn, args=args, nprocs=nprocs, join=False)
-    deadline = time.monotonic() + timeout_s
-    while not context.join(timeout=1.0):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            pytest.fail(f"gloo islands did not finish within {timeout_s} s")
-
-
-@pytest.mark.slow
-def test_gloo_merge_matches_hand_computation_on_every_island(tmp_path: Path) -> None:
-    weights = [1.0, 3.0]
-    spawn_islands(
-        gloo_island,
-        nprocs=len(weights),
-        args=(len(weights), str(tmp_path / "rendezvous"), str(tmp_path), weights),
-        timeout_s=120,
-    )
-    results = [torch.load(tmp_path / f"island-{rank}.pt") for rank in range(len(weights))]
-    expected = hand_outer_steps(weights, num_merges=2).to(torch.float32)
-    for result in results:
-        assert torch.equal(result["global"], results[0]["global"])
-        assert torch.equal(result["local"], result["global"])
-        torch.testing.assert_close(result["global"], expected, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("weight", [-1.0, float("inf"), float("nan")])

@@ -29,7 +29,7 @@ from parallel_writers import item_runs, run_writers
 from syncsafe.team import stack
 from syncsafe.team.daemons import listening, process
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "team.sh"
 DAG_ID = "syncsafe_nightly"
 #: The Makefile's airflow-nightly-tiny conf: the tiny profile (one regime and seed, two policies), vLLM off.

@@ -8,7 +8,7 @@ import pytest
 
 from syncsafe.serving.vllm_replay import GAUGES, parse_gauges
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 
 
 @pytest.mark.parametrize(("name", "running", "kv_cache"), [

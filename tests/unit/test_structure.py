@@ -11,7 +11,7 @@ from syncsafe.pipeline import dvc_yaml
 from syncsafe.pipeline.declarations import STAGES, stage, topological_order
 from syncsafe.pipeline.imports import PACKAGE, import_cycles, reachable_files
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _committed_stages() -> dict[str, dict]:

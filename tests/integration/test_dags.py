@@ -28,7 +28,7 @@ import yaml
 from syncsafe.config import parse_params
 from syncsafe.pipeline.declarations import STAGES, topological_order, upstream
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DAGS = REPO / "dags"
 AIRFLOW_PY = REPO / ".venv-airflow" / "bin" / "python"
 AIRFLOW = REPO / ".venv-airflow" / "bin" / "airflow"

@@ -185,7 +185,7 @@ def test_overlays_stack_in_order_with_a_joined_label(repo_root):
 
 def test_no_code_branches_on_the_profile_label():
     """`profile` is a label: behaviour follows explicit settings (train.device, train.source, ...)."""
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     pattern = re.compile(r"""\.profile\s*(==|!=|in|not in)\s*[("'\[{]|["']\s*(==|!=)\s*\w+\.profile\b|uses_cuda\(""")
     files = [*(repo / "src" / "syncsafe").rglob("*.py"), *(repo / "dags").glob("*.py"), *(repo / "stages").glob("*.py")]
     hits = [f"{path.relative_to(repo)}:{n}: {line.strip()}" for path in sorted(files)

@@ -1,4 +1,4 @@
-"""Bad input is one clear line and exit 2, before anything runs or is written; a lost island exits 3.
+"""Bad input is one clear line and exit 2, before anything runs or is written (a lost island's exit 3: tests/integration/test_train.py).
 
 One test per row of the reliability table that concerns params and arguments:
 non-finite numbers, duplicate keys, CLI arguments outside params, the exit code
@@ -17,7 +17,7 @@ from syncsafe.cli import app
 from syncsafe.config import ConfigError, parse_params
 from syncsafe.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_ISLAND_LOST, BadInput
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _run(*args: object):
@@ -123,16 +123,3 @@ def test_a_failed_run_exits_1_and_click_exits_pass_through(tmp_path):
     result = _run("replay", "index", "--root", tmp_path)  # no replay sets: a run that cannot proceed
     assert result.exit_code == 1 and "no replay sets" in _one_clean_line(result.output)
     assert _run("compare", "--format", "xml", "--root", tmp_path).exit_code == 2
-
-
-@pytest.mark.slow
-def test_lost_island_exits_3(tmp_path, monkeypatch, tiny_raw):
-    raw = tiny_raw()
-    raw["train"]["collective_timeout_s"] = 20
-    path = tmp_path / "params.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    assert _run("traces", "--params", path, "--root", tmp_path).exit_code == 0
-    monkeypatch.setenv("SYNCSAFE_FAULT", "1:10")
-    result = _run("train", "--policy", "fixed_h", "--params", path, "--root", tmp_path)
-    assert result.exit_code == 3, result.output
-    assert "island 1 killed by SIGKILL" in result.output and "Traceback" not in result.output

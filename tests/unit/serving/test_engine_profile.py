@@ -9,7 +9,7 @@ import pytest
 from syncsafe.serving.engine_profile import HISTOGRAMS, histogram_mean, parse_metrics
 
 #: /metrics of the vLLM 0.32 CPU server right after the profile's last probe (recorded by the replay-vllm stage).
-RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "vllm_metrics_profile.txt"
+RECORDED = Path(__file__).resolve().parents[2] / "fixtures" / "vllm_metrics_profile.txt"
 
 
 def test_recorded_exposition_yields_every_histogram_the_profile_reads():

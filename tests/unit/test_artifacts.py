@@ -16,7 +16,7 @@ from syncsafe.artifacts import replay_sets, reports, schedule_sets, traces, trai
 from syncsafe.artifacts.schedules import Schedule, ScheduleError, read_schedule, write_schedule
 from syncsafe.errors import BadInput
 
-PACKAGE = Path(__file__).resolve().parents[1] / "src" / "syncsafe"
+PACKAGE = Path(__file__).resolve().parents[2] / "src" / "syncsafe"
 
 # --------------------------------------------------------------------------- layout
 

@@ -16,7 +16,9 @@ import pandas as pd
 import pytest
 import torch
 import yaml
+from typer.testing import CliRunner
 
+from syncsafe.cli import app
 from syncsafe.config import load_params
 from syncsafe.diloco.checkpoint import load_checkpoint
 from syncsafe.diloco.launch import IslandLost, train_regime
@@ -134,3 +136,17 @@ def test_killed_island_continues_on_the_survivors(tmp_path, monkeypatch, tiny_ra
     logs = sorted(p.name for p in (tmp_path / "logs" / "train" / "bursty").glob("*.log"))
     assert logs == ["fixed_h-seed-0-attempt-0-island-0.log", "fixed_h-seed-0-attempt-0-island-1.log",
                     "fixed_h-seed-0-attempt-1-island-0.log"]
+
+
+def test_lost_island_exits_3(tmp_path, monkeypatch, tiny_raw):
+    """An island killed mid-run: the train command exits 3 with one line naming it, no traceback."""
+    raw = tiny_raw()
+    raw["train"]["collective_timeout_s"] = 20
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    run = lambda *args: CliRunner().invoke(app, [str(a) for a in args])  # noqa: E731
+    assert run("traces", "--params", path, "--root", tmp_path).exit_code == 0
+    monkeypatch.setenv("SYNCSAFE_FAULT", "1:10")
+    result = run("train", "--policy", "fixed_h", "--params", path, "--root", tmp_path)
+    assert result.exit_code == 3, result.output
+    assert "island 1 killed by SIGKILL" in result.output and "Traceback" not in result.output
