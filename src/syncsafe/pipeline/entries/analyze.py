@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from syncsafe.analysis.pipeline import analyze_pipeline
+from syncsafe.analysis.stage import analyze_pipeline
 from syncsafe.config import Params
 
 

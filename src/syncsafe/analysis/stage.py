@@ -24,7 +24,7 @@ import pandas as pd
 from syncsafe.analysis.analyze import AnalysisResult, analyze_runs
 from syncsafe.analysis.figures import write_png
 from syncsafe.analysis.live import live_section
-from syncsafe.analysis.pipeline_figures import LOSS_FIGURE, TIMELINE_FIGURE, loss_curves_figure, timeline_figure
+from syncsafe.analysis.stage_figures import LOSS_FIGURE, TIMELINE_FIGURE, loss_curves_figure, timeline_figure
 from syncsafe.analysis.report import markdown_table
 from syncsafe.analysis.evidence import FidelityEvidence, MechanismEvidence
 from syncsafe.artifacts import layout
