@@ -257,11 +257,6 @@ def test_a_malformed_schedule_is_bad_input_and_still_a_schedule_error(tmp_path):
 
 # --------------------------------------------------------------------------- the layout is spelled once
 
-#: Modules of other engineers still moving to syncsafe.artifacts.layout (remove an entry once it is migrated).
-MIGRATING = {
-    "pipeline/": "stage declarations and entries (engineer B)",
-    "serving/live_islands.py": "live island logs (engineer E)",
-}
 #: Not the project's data layout: the shared team stack keeps its own directories under .team/.
 OWN_LAYOUT = {"team/": "the team stack's state directory (.team/), not data/, runs/ or reports/"}
 
@@ -319,7 +314,7 @@ def layout_spellings(source: str, label: str) -> list[str]:
 
 
 def _allowed(rel: str) -> bool:
-    return any(rel == entry or (entry.endswith("/") and rel.startswith(entry)) for entry in (*MIGRATING, *OWN_LAYOUT))
+    return any(rel == entry or (entry.endswith("/") and rel.startswith(entry)) for entry in OWN_LAYOUT)
 
 
 def test_no_module_but_the_layout_spells_a_layout_path():

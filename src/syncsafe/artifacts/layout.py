@@ -108,6 +108,8 @@ ENVELOPE_FIGURE_FILE = "slo_by_policy_envelope.png"
 TIMELINE_FIGURE_SUFFIX = "timeline_bursts_vs_merges.png"
 LOSS_FIGURE_FILE = "loss_curves.png"
 SERVER_LOG_FILE = "server.log"
+#: runs/live/<regime>/seed-S/<run>/logs/: the follower islands' logs of a live run.
+RUN_LOGS_DIR = "logs"
 
 # --------------------------------------------------------------------------- root-relative paths
 

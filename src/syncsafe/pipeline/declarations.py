@@ -191,7 +191,7 @@ STAGES: tuple[StageSpec, ...] = (
         params=("seeds", "regimes", "control.policies", "analysis"),
         inputs=_p(L.CALIBRATION, L.FIDELITY, L.REPLAY_INDEX, L.REPLAY_SETS, L.SCHEDULE_INDEX, L.TRAIN, L.LIVE),
         outputs=_p(*(L.report_rel(name) for name in (L.POLICY_TABLE_FILE, L.ENVELOPE_FILE, L.REPORT_FILE,
-                                                     "slo_by_policy_envelope.png", L.FIGURES_DIR))),
+                                                     L.ENVELOPE_FIGURE_FILE, L.FIGURES_DIR))),
         metrics=_p(L.report_rel(L.REPORT_METRICS_FILE)),
         plots=(Plot(L.report_rel(L.LOSS_CURVES_FILE).as_posix(), x="step", y="loss"),),
     ),

@@ -132,7 +132,7 @@ class IslandGroup:
     def __enter__(self) -> IslandGroup:
         port = free_port()
         os.environ.update(LOOPBACK_ENV)  # gloo of rank 0 binds to loopback like the followers'
-        logs = self.run_dir / "logs"
+        logs = self.run_dir / layout.RUN_LOGS_DIR
         logs.mkdir(parents=True, exist_ok=True)
         for rank in range(1, self.size):
             env = {**os.environ, **LOOPBACK_ENV, "RANK": str(rank), "WORLD_SIZE": str(self.size),

@@ -1,17 +1,18 @@
 """Stage analyze: the evidence protocol (sync-excess, envelope, rank test, multiplicity, claim tiers) and the
-report, from this pipeline's replays, calibration, fidelity and training outputs into reports/."""
+report, from this pipeline's replays, calibration, fidelity and training outputs into the reports."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from syncsafe.analysis.stage import analyze_pipeline
+from syncsafe.artifacts import layout
 from syncsafe.config import Params
 
 
 def run(params: Params, root: Path, regime: None, params_path: Path, *, alpha: float | None = None) -> str:
     result = analyze_pipeline(params, root, alpha=alpha)
-    return summary(result.policy_table, result.files, Path(root) / "reports")
+    return summary(result.policy_table, result.files, layout.reports_dir(root))
 
 
 def summary(policy_table, files: dict, out: Path) -> str:  # noqa: ANN001 - a pandas DataFrame

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from syncsafe.artifacts import layout
 from syncsafe.config import ConfigError, Params
 from syncsafe.diloco.launch import train_regime
 
@@ -18,4 +19,4 @@ def run(params: Params, root: Path, regime: str, params_path: Path, *, policies:
         if value not in params.seeds:
             raise ConfigError(f"--seed {value}: not in seeds ({params.seeds})")
     dirs = train_regime(params, params_path, regime, root, resume=resume, policies=policies, seeds=seeds)
-    return f"train {regime}: {len(dirs)} runs in {Path(root) / 'runs' / 'train' / regime}"
+    return f"train {regime}: {len(dirs)} runs in {layout.at(root, layout.train_rel(regime))}"
