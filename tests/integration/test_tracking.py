@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from tracking_store import TRACKING_ENV
 from syncsafe import tracking
 from syncsafe.tracking import (
     RUN_TAGS,
@@ -34,34 +34,15 @@ from syncsafe.tracking import (
 # MLflow 3.17's SQL store still uses SQLAlchemy's deprecated `noload` (SQLAlchemy 2.1); not ours.
 pytestmark = pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy:DeprecationWarning")
 
-_ENV = (
-    "MLFLOW_TRACKING_URI",
-    "SYNCSAFE_TRACKING",
-    "SYNCSAFE_TRACKING_STRICT",
-    "SYNCSAFE_EXPERIMENT",
-    "SYNCSAFE_PIPELINE_RUN_ID",
-    "DVC_STAGE",
-    "MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING",
-)
-
-
-@pytest.fixture(scope="module")
-def empty_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One migrated, empty MLflow database per module; tests copy it (migrations take seconds)."""
-    path = tmp_path_factory.mktemp("template") / "mlflow.db"
-    mlflow.MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()
-    return path
+_ENV = TRACKING_ENV
 
 
 @pytest.fixture
-def store(tmp_path: Path, empty_db: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def store(fresh_store: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A fresh store at <tmp_path>/mlflow.db, the project root being tmp_path."""
-    for name in _ENV:
-        monkeypatch.delenv(name, raising=False)
-    shutil.copy(empty_db, tmp_path / "mlflow.db")
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{fresh_store}/mlflow.db")
     monkeypatch.setenv("SYNCSAFE_PIPELINE_RUN_ID", "night-1")
-    return tmp_path
+    return fresh_store
 
 
 def client(root: Path):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ import mlflow
 import pandas as pd
 import pytest
 
+from tracking_store import TRACKING_ENV
 from syncsafe.analysis.evidence import FidelityEvidence
 from syncsafe.artifacts import layout
 from syncsafe.artifacts.calibration import write_model
@@ -38,26 +38,15 @@ from syncsafe.tracking.collectors import COLLECTORS, collect_stage
 
 pytestmark = pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy:DeprecationWarning")
 
-_ENV = ("MLFLOW_TRACKING_URI", "SYNCSAFE_TRACKING", "SYNCSAFE_TRACKING_STRICT", "SYNCSAFE_EXPERIMENT",
-        "SYNCSAFE_PIPELINE_RUN_ID", "DVC_STAGE", "MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING")
+_ENV = TRACKING_ENV
 PARENT = "mlflow.parentRunId"
 
 
-@pytest.fixture(scope="module")
-def empty_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("template") / "mlflow.db"
-    mlflow.MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()
-    return path
-
-
 @pytest.fixture
-def store(tmp_path: Path, empty_db: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def store(fresh_store: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Tracking on, the default store of root tmp_path (<tmp_path>/mlflow.db), one pipeline run id."""
-    for name in _ENV:
-        monkeypatch.delenv(name, raising=False)
-    shutil.copy(empty_db, tmp_path / "mlflow.db")
     monkeypatch.setenv("SYNCSAFE_PIPELINE_RUN_ID", "nightly-7")
-    return tmp_path
+    return fresh_store
 
 
 def _client(root: Path) -> mlflow.MlflowClient:

@@ -27,6 +27,14 @@ from syncsafe.config import FidelityTargets
 DEFAULT_GATE_RATIO_THRESHOLD = 1.05
 
 
+
+def _renamed(data: Any, old: str, new: str) -> Any:
+    """Evidence files written before a field was renamed: their `old` key reads as `new`."""
+    if isinstance(data, dict) and old in data:
+        data = dict(data)
+        data.setdefault(new, data.pop(old))
+    return data
+
 class RegimeMechanism(BaseModel):
     """Real-backend measurement of the merge mechanism in one regime (pooled over its replayed seeds).
 
@@ -63,10 +71,7 @@ class RegimeMechanism(BaseModel):
     @classmethod
     def _legacy_names(cls, data: Any) -> Any:
         """`sync_ratio` (the paired ratio under its old, ambiguous name) reads as `sync_ratio_paired`."""
-        if isinstance(data, dict) and "sync_ratio" in data:
-            data = dict(data)
-            data.setdefault("sync_ratio_paired", data.pop("sync_ratio"))
-        return data
+        return _renamed(data, "sync_ratio", "sync_ratio_paired")
 
 
 class MechanismEvidence(BaseModel):
@@ -82,10 +87,7 @@ class MechanismEvidence(BaseModel):
     @classmethod
     def _legacy_names(cls, data: Any) -> Any:
         """`sync_ratio_threshold` (its old name: it bounds the gate ratio) reads as `gate_ratio_threshold`."""
-        if isinstance(data, dict) and "sync_ratio_threshold" in data:
-            data = dict(data)
-            data.setdefault("gate_ratio_threshold", data.pop("sync_ratio_threshold"))
-        return data
+        return _renamed(data, "sync_ratio_threshold", "gate_ratio_threshold")
 
     @classmethod
     def read(cls, path: str | Path) -> MechanismEvidence:
