@@ -10,7 +10,7 @@ Two paths, each timed per control cycle over every controller policy:
   if nothing ran in the background.
 
 The scrape goes to `--url` (a running vLLM server) or, by default, to the
-tests' stand-in in its own process (tests/exposition_server.py: HTTP/1.1 keep-alive, answering
+tests' stand-in in its own process (tests/support/exposition_server.py: HTTP/1.1 keep-alive, answering
 with the /metrics text recorded from the real vLLM CPU server,
 tests/fixtures/vllm_metrics_busy.txt), so it runs anywhere. The last two
 lines pool every policy's cycles.
@@ -36,7 +36,7 @@ from syncsafe.control.serving_model import load_calibration
 from syncsafe.control.types import ClockState, LearnerReport
 
 REPO = Path(__file__).resolve().parents[1]
-STAND_IN = REPO / "tests" / "exposition_server.py"  # the recorded-exposition stand-in the tests use
+STAND_IN = REPO / "tests" / "support" / "exposition_server.py"  # the recorded-exposition stand-in the tests use
 
 
 @contextmanager

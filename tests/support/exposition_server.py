@@ -12,7 +12,7 @@ import http.server
 import threading
 from pathlib import Path
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -72,7 +72,7 @@ class ExpositionServer(http.server.ThreadingHTTPServer):
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python tests/exposition_server.py [FILE]`: serve FILE (default: the busy fixture) until killed; prints the url."""
+    """`python tests/support/exposition_server.py [FILE]`: serve FILE (default: the busy fixture) until killed; prints the url."""
     import sys
 
     args = sys.argv[1:] if argv is None else argv

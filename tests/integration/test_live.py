@@ -22,7 +22,7 @@ from syncsafe.serving.live import condition_order, live_action_space, live_dir
 from syncsafe.traces.stage import build_traces
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 
 

@@ -23,7 +23,7 @@ from syncsafe.diloco.run import train_dir
 from syncsafe.traces.stage import build_traces
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 RECORDED = {
     "fixed_h": {"merge_starts_s": [40.0, 88.0], "merge_steps": [8, 16], "decisions": [False, True, False, True, False],
