@@ -157,6 +157,7 @@ class _Session:
         self.parent = self.stage_id = self.pipeline = self.experiment_id = ""
         self.monitor: Any = None
         self.done: list[str] = []
+        self._artifact_uris: dict[str, str] = {}
 
     # ----------------------------------------------------------------- start
 
@@ -276,7 +277,9 @@ class _Session:
         from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
         tags = {**dict.fromkeys(RUN_TAGS, ""), **tags, MLFLOW_PARENT_RUN_ID: parent}
-        return self.client.create_run(self.experiment_id, tags=tags, run_name=name).info.run_id
+        info = self.client.create_run(self.experiment_id, tags=tags, run_name=name).info
+        self._artifact_uris[info.run_id] = info.artifact_uri
+        return info.run_id
 
     def _log_item(self, run: TrackedRun, files: list[Path]) -> str:
         tags = {
@@ -316,11 +319,19 @@ class _Session:
             self.client.log_batch(run_id, metrics=ms, params=ps, synchronous=True)
 
     def _log_artifacts(self, run_id: str, paths: Sequence[Path]) -> None:
+        """Through the run's artifact repository, from the artifact URI its creation returned
+        (`MlflowClient.log_artifact` reads the run back from the store first: a query per file)."""
+        if not paths:
+            return
+        from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+        uri = self._artifact_uris.get(run_id) or self.client.get_run(run_id).info.artifact_uri
+        repo = get_artifact_repository(uri, tracking_uri=self.uri)  # mlflow-artifacts:// resolves via the server
         for path in paths:
             if path.is_dir():
-                self.client.log_artifacts(run_id, str(path), artifact_path=path.name)
+                repo.log_artifacts(str(path), artifact_path=path.name)
             else:
-                self.client.log_artifact(run_id, str(path))
+                repo.log_artifact(str(path))
 
     def _existing(self, paths: Iterable[Path]) -> list[Path]:
         """The paths that exist; a missing one warns (strict: raises) and is skipped."""
