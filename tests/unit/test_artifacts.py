@@ -356,3 +356,13 @@ def test_artifacts_sits_at_the_bottom():
                         "syncsafe.artifacts"), f"{path.name} imports {name}"
                 else:
                     assert top in stdlib or top in allowed_third_party or top == "__future__", f"{path.name}: {name}"
+
+
+def test_merge_checkpoints_are_found_by_number(tmp_path):
+    run = layout.train_run_dir(tmp_path, "bursty", "fixed_h", 0)
+    for k in (12, 3, 100):
+        layout.island_state_file(layout.merge_checkpoint_dir(run, k), 1).parent.mkdir(parents=True)
+    assert [k for k, _ in layout.merge_checkpoint_dirs(run)] == [3, 12, 100]
+    assert layout.merge_checkpoint_dirs(run)[0][1] == layout.merge_checkpoint_dir(run, 3)
+    assert layout.latest_checkpoint_pointer(run).parent == layout.controller_state_file(
+        layout.merge_checkpoint_dir(run, 3)).parent.parent

@@ -252,6 +252,32 @@ def train_run_key(run_dir: PathLike) -> tuple[str, str, int]:
     return run_dir.parent.parent.name, run_dir.parent.name, parse_seed_dirname(run_dir.name)
 
 
+def merge_checkpoint_dir(run_dir: PathLike, merge: int) -> Path:
+    """<run_dir>/checkpoints/merge-<K>/: every island's state and the controller's after merge K (resume)."""
+    return Path(run_dir) / CHECKPOINTS_DIR / f"merge-{merge:04d}"
+
+
+def merge_checkpoint_dirs(run_dir: PathLike) -> list[tuple[int, Path]]:
+    """(K, <run_dir>/checkpoints/merge-<K>/) of every merge checkpoint on disk, by K."""
+    found = (Path(run_dir) / CHECKPOINTS_DIR).glob("merge-*")
+    return sorted((int(path.name.split("-")[1]), path) for path in found)
+
+
+def latest_checkpoint_pointer(run_dir: PathLike) -> Path:
+    """<run_dir>/checkpoints/LATEST: the number of the newest complete merge checkpoint."""
+    return Path(run_dir) / CHECKPOINTS_DIR / "LATEST"
+
+
+def island_state_file(checkpoint_dir: PathLike, island: int) -> Path:
+    """island-<i>.pt in a merge checkpoint."""
+    return Path(checkpoint_dir) / f"island-{island}.pt"
+
+
+def controller_state_file(checkpoint_dir: PathLike) -> Path:
+    """controller.pkl in a merge checkpoint."""
+    return Path(checkpoint_dir) / "controller.pkl"
+
+
 def train_timing_path(root: PathLike, regime: str, policy: str, seed: int) -> Path:
     """<root>/logs/train/<regime>/<policy>/seed-<S>/timing.json (wall-clock facts, outside the stage outputs)."""
     return Path(root) / TRAIN_LOGS / regime / policy / seed_dirname(seed) / TIMING_FILE

@@ -97,12 +97,8 @@ class Resources:
     eval_batches: list[torch.Tensor]
 
 
-def _checkpoint_paths(run_dir: Path, merge: int) -> Path:
-    return run_dir / layout.CHECKPOINTS_DIR / f"merge-{merge:04d}"
-
-
 def _latest_merge(run_dir: Path) -> int | None:
-    latest = run_dir / layout.CHECKPOINTS_DIR / "LATEST"
+    latest = layout.latest_checkpoint_pointer(run_dir)
     return int(latest.read_text().strip()) if latest.is_file() else None
 
 
@@ -131,10 +127,11 @@ def train_run(params: Params, regime: str, policy_name: str, seed: int, root: Pa
     if start is None:
         shutil.rmtree(run_dir / layout.CHECKPOINTS_DIR, ignore_errors=True)
     else:
-        island.restore(load_checkpoint(_checkpoint_paths(run_dir, start) / f"island-{world.island_id}.pt"))
+        checkpoint = layout.merge_checkpoint_dir(run_dir, start)
+        island.restore(load_checkpoint(layout.island_state_file(checkpoint, world.island_id)))
         island.batches = res.batches_for(world.island_id, world.num_islands, seed, island.step)
         if world.rank == 0:
-            with open(_checkpoint_paths(run_dir, start) / "controller.pkl", "rb") as fh:
+            with open(layout.controller_state_file(checkpoint), "rb") as fh:
                 saved = pickle.load(fh)
             state, policy, merge_log = ControlResult.from_dict(saved["state"]), saved["policy"], saved["merges"]
 
@@ -142,7 +139,8 @@ def train_run(params: Params, regime: str, policy_name: str, seed: int, root: Pa
 
     def save_island(stats: MergeStats) -> None:
         merge_log.append({"merge": island.outer.merges_done, "step": island.step, **stats.to_dict()})
-        save_checkpoint(_checkpoint_paths(run_dir, island.outer.merges_done) / f"island-{world.island_id}.pt",
+        save_checkpoint(layout.island_state_file(layout.merge_checkpoint_dir(run_dir, island.outer.merges_done),
+                                                world.island_id),
                         island.checkpoint())
         dist.barrier()
 
@@ -158,9 +156,9 @@ def train_run(params: Params, regime: str, policy_name: str, seed: int, root: Pa
             if cfg.merge_eval_batches:
                 record["eval_loss"] = island.eval_loss(res.eval_batches[: cfg.merge_eval_batches])
             k = island.outer.merges_done
-            with io.atomic_path(_checkpoint_paths(run_dir, k) / "controller.pkl") as tmp:
+            with io.atomic_path(layout.controller_state_file(layout.merge_checkpoint_dir(run_dir, k))) as tmp:
                 tmp.write_bytes(pickle.dumps({"state": result.to_dict(), "policy": policy, "merges": merge_log}))
-            io.write_text(run_dir / layout.CHECKPOINTS_DIR / "LATEST", f"{k}\n")
+            io.write_text(layout.latest_checkpoint_pointer(run_dir), f"{k}\n")
             _prune_checkpoints(run_dir, keep=k)
 
         learners = DistributedLearners(island, cfg.token_weighted, save_island)
@@ -182,8 +180,8 @@ def train_run(params: Params, regime: str, policy_name: str, seed: int, root: Pa
 
 
 def _prune_checkpoints(run_dir: Path, keep: int) -> None:
-    for old in (run_dir / layout.CHECKPOINTS_DIR).glob("merge-*"):
-        if int(old.name.split("-")[1]) < keep:
+    for merge, old in layout.merge_checkpoint_dirs(run_dir):
+        if merge < keep:
             shutil.rmtree(old, ignore_errors=True)
 
 

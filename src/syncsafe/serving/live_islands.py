@@ -70,12 +70,12 @@ def checkpointer(run_dir: Path, island: Island, log: list[dict[str, Any]] | None
         if log is not None:
             log.append(stats.to_dict())
         k = island.outer.merges_done
-        save_checkpoint(run_dir / layout.CHECKPOINTS_DIR / f"merge-{k:04d}" / f"island-{island.island_id}.pt",
+        save_checkpoint(layout.island_state_file(layout.merge_checkpoint_dir(run_dir, k), island.island_id),
                         island.checkpoint())
         dist.barrier()
         if island.island_id == 0:
-            for old in (run_dir / layout.CHECKPOINTS_DIR).glob("merge-*"):
-                if old.name != f"merge-{k:04d}":
+            for merge, old in layout.merge_checkpoint_dirs(run_dir):
+                if merge != k:
                     shutil.rmtree(old, ignore_errors=True)
 
     return save
