@@ -18,6 +18,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from vllm_env import VLLM_PYTHON, require_vllm_python
 from syncsafe.cli import app
 from syncsafe.config import VllmReplay, parse_params
 from syncsafe.diloco.hub import local_island_texts, resolve_model
@@ -25,7 +26,6 @@ from syncsafe.errors import BadInput
 from syncsafe.profiles import compose_file
 
 REPO = Path(__file__).resolve().parents[2]
-VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 
 
 def _hub_model(directory: Path) -> Path:
@@ -122,8 +122,7 @@ def _gpu_params(tmp_path: Path) -> Path:
 
 @pytest.mark.slow
 def test_gpu_profile_trains_exports_and_serves_on_cpu(tmp_path, monkeypatch):
-    if not VLLM_PYTHON.exists():
-        pytest.fail(f"{VLLM_PYTHON} missing: run `make vllm-env` (make test does)")
+    require_vllm_python()
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     params = _gpu_params(tmp_path)
     p = parse_params(yaml.safe_load(params.read_text()))

@@ -16,14 +16,13 @@ import psutil
 import pytest
 import yaml
 
+from vllm_env import VLLM_PYTHON, require_vllm_python
 from syncsafe.config import load_params
 from syncsafe.schedules.schedule import read_schedule
 from syncsafe.serving.live import condition_order, live_action_space, live_dir
 from syncsafe.traces.stage import build_traces
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parents[2]
-VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 
 
 def make_project(root: Path, raw: dict) -> Path:
@@ -50,8 +49,7 @@ def _ours(root: Path) -> list[psutil.Process]:
 
 @pytest.fixture(scope="module")
 def live_project(tmp_path_factory, tiny_raw) -> Path:
-    if not VLLM_PYTHON.exists():
-        pytest.fail(f"{VLLM_PYTHON} missing: run `make vllm-env` (make test does)")
+    require_vllm_python()
     root = tmp_path_factory.mktemp("live")
     params = make_project(root, tiny_raw())
     done = subprocess.run([sys.executable, "-m", "syncsafe.cli", "live", "--params", str(params), "--root", str(root)],

@@ -17,6 +17,7 @@ import psutil
 import pytest
 import yaml
 
+from vllm_env import VLLM_PYTHON, require_vllm_python
 from syncsafe.config import VllmReplay, load_params
 from syncsafe.schedules.stage import build_index, build_schedules
 from syncsafe.serving.vllm_replay import replay_vllm
@@ -24,8 +25,6 @@ from syncsafe.serving.vllm_server import ServerError
 from syncsafe.traces.stage import build_traces
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parents[2]
-VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 
 
 def make_project(root: Path, raw: dict) -> Path:
@@ -47,8 +46,7 @@ def make_project(root: Path, raw: dict) -> Path:
 
 @pytest.fixture(scope="module")
 def vllm_project(tmp_path_factory, tiny_raw) -> Path:
-    if not VLLM_PYTHON.exists():
-        pytest.fail(f"{VLLM_PYTHON} missing: run `make vllm-env` (make test does)")
+    require_vllm_python()
     root = tmp_path_factory.mktemp("vllm")
     replay_vllm(load_params(make_project(root, tiny_raw())), root)
     return root

@@ -23,10 +23,9 @@ import pytest
 import yaml
 from aiohttp import web
 
+from vllm_env import VLLM_PYTHON, require_vllm_python
 from syncsafe.serving.vllm_server import ServerError, VllmServer, served_models
 
-REPO = Path(__file__).resolve().parents[2]
-VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 #: vLLM's compile cache, shared by the tests of a session (the first start compiles for minutes).
 VLLM_CACHE = Path(os.environ.get("SYNCSAFE_TEST_VLLM_CACHE", "/tmp/syncsafe-test-vllm-cache"))
 
@@ -118,8 +117,7 @@ def _port_listening(port: int) -> bool:
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 def test_killing_the_stage_leaves_no_server_behind(tmp_path, sig, tiny_raw):
-    if not VLLM_PYTHON.exists():
-        pytest.fail(f"{VLLM_PYTHON} missing: run `make vllm-env` (make test does)")
+    require_vllm_python()
     params = _project(tmp_path, tiny_raw())
     for cmd in (["traces"], ["schedules", "build"], ["schedules", "index"]):
         assert _cli(*cmd, params=params, root=tmp_path).wait(timeout=300) == 0
