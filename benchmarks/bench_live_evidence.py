@@ -59,14 +59,15 @@ def prepare(root: Path, source: Path, regimes: list[str], seeds: list[int], poli
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     params = load_params(path)
     from syncsafe.diloco.launch import train_regime
-    from syncsafe.serving.vllm_replay import served_model, vllm_policies, vllm_seeds
+    from syncsafe.serving.vllm_plan import vllm_controllers, vllm_seeds
+    from syncsafe.serving.vllm_replay import served_model
     from syncsafe.traces.stage import build_traces
 
     for regime in sorted({*regimes, *params.replay.vllm.regimes[:1]}):
         build_traces(params, regime, root)
     if params.replay.vllm.model is None:  # the trained export the server serves (as the vLLM replay does)
         train_regime(params, path, params.replay.vllm.regimes[0], root, resume=True,
-                     policies=vllm_policies(params)[:1], seeds=vllm_seeds(params)[:1])
+                     policies=vllm_controllers(params)[:1], seeds=vllm_seeds(params)[:1])
     print(f"served model: {served_model(params, root)}", flush=True)
     return path
 

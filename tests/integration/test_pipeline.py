@@ -75,6 +75,7 @@ def _all_files(root: Path) -> dict[str, bytes]:
 
 def _two_regimes(raw: dict) -> dict:
     raw["regimes"] = {k: v for k, v in raw["regimes"].items() if k in ("bursty", "steady")}
+    raw["replay"]["vllm"]["regimes"] = ["bursty"]
     raw["replay"]["simulator"]["calibration"] = None  # shipped defaults: no calibrate stage here
     return raw
 
@@ -149,12 +150,14 @@ def test_dvc_repro_in_a_fresh_copy_then_nothing_to_do(tmp_path, repo_root, raw_p
     (project / "dvc.lock").unlink(missing_ok=True)
     raw_params["seeds"] = [0]
     raw_params["regimes"] = {k: {**v, "duration_s": 120} for k, v in raw_params["regimes"].items() if k in ("bursty", "steady")}
+    raw_params["replay"]["vllm"]["regimes"] = ["bursty"]
     raw_params["control"]["policies"] = ["fixed_h", "wa_diloco"]
     raw_params["schedules"]["source"] = "train"
     raw_params["train"].update({"corpus_bytes": 300_000, "eval_batches": 2})
-    # the real vLLM server, briefly: 60 trace seconds at 4x (fixed_h merges at 40 s), one controller, one draw
+    # the real vLLM server, briefly: a plan of about a minute of replays, the primary and fixed_h, one draw each
     raw_params["replay"]["vllm"].update({"python": str(repo_root / ".venv-vllm" / "bin" / "python"),
-                                         "policies": ["fixed_h"], "draws": 1, "max_trace_s": 60})
+                                         "regimes": ["bursty"], "policies": ["fixed_h"], "draws": 1, "budget_s": 60,
+                                         "capacity_probe_s": 2})
     (project / "params.yaml").write_text(yaml.safe_dump(raw_params))
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     run = lambda *a: subprocess.run(a, cwd=project, env=env, capture_output=True, text=True, timeout=1500)  # noqa: E731
@@ -167,9 +170,12 @@ def test_dvc_repro_in_a_fresh_copy_then_nothing_to_do(tmp_path, repo_root, raw_p
     assert set(index.loc[index["matched_to"].isna() & (index["policy"] != "no_sync"), "source"]) == {"train"}
     replays = pd.read_csv(project / "runs" / "replay" / "index.csv")
     assert set(replays["backend"]) == {"simulator", "vllm"}
-    # no_sync, the primary (wa_diloco) and fixed_h, each with one matched-random draw; the repeated
-    # no-sync (drift control) is listed in runs/replay-sets/vllm/repeats.csv
-    assert len(replays[replays["backend"] == "vllm"]) == 5
+    # the first no-sync control and every planned controller with its span-matched draws; the later
+    # no-sync controls are listed in runs/replay-sets/vllm/repeats.csv
+    plan = json.loads((project / "runs" / "replay-sets" / "vllm" / "plan.json").read_text())["regimes"]["bursty"]
+    assert plan["controllers"][0] == "wa_diloco"
+    assert len(replays[replays["backend"] == "vllm"]) == 1 + len(plan["controllers"]) * (1 + plan["draws"])
+    assert len(pd.read_csv(project / "runs" / "replay-sets" / "vllm" / "repeats.csv")) == plan["controls"] - 1
     assert (project / "runs" / "calibration" / "mechanism.json").is_file()
     table = pd.read_csv(project / "reports" / "policy_table.csv")
     assert set(table["policy"]) == {"fixed_h", "wa_diloco", "no_sync"}  # references are columns of their controller

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -18,22 +20,26 @@ import pytest
 import yaml
 
 from vllm_env import VLLM_PYTHON, require_vllm_python
-from syncsafe.config import VllmReplay, load_params
+from syncsafe.config import load_params
+from syncsafe.schedules.schedule import read_schedule
 from syncsafe.schedules.stage import build_index, build_schedules
-from syncsafe.serving.vllm_replay import replay_vllm
-from syncsafe.serving.vllm_server import ServerError
+from syncsafe.serving.interference import MergeInterference
+from syncsafe.serving.placement import CpuPlacement, allowed_cpus, cpu_list
+from syncsafe.serving.vllm_plan import check_span_budget
+from syncsafe.serving.vllm_replay import build_untrained_model, replay_vllm
+from syncsafe.serving.vllm_server import ServerError, VllmServer
 from syncsafe.traces.stage import build_traces
 
 pytestmark = pytest.mark.slow
+VLLM_SET = Path("runs") / "replay-sets" / "vllm"
 
 
-def make_project(root: Path, raw: dict) -> Path:
+def make_project(root: Path, raw: dict, **vllm) -> Path:
     """The tiny profile's params (`raw`, from the `tiny_raw` fixture): harness schedules, fixed_h replayed."""
     raw["control"]["policies"] = ["fixed_h", "wa_seasonal"]
     raw["schedules"].update({"random_draws": 1, "source": "harness"})
     raw["analysis"]["primary"]["policy"] = "fixed_h"  # the declared primary test must name a controller of this project
-    raw["replay"]["vllm"].update({"python": str(VLLM_PYTHON), "policies": ["fixed_h"], "draws": 1, "time_scale": 4.0,
-                                  "max_trace_s": 60, "startup_timeout_s": 600})
+    raw["replay"]["vllm"].update({"python": str(VLLM_PYTHON), "startup_timeout_s": 600, **vllm})
     root.mkdir(parents=True, exist_ok=True)
     path = root / "params.yaml"
     path.write_text(yaml.safe_dump(raw))
@@ -52,14 +58,18 @@ def vllm_project(tmp_path_factory, tiny_raw) -> Path:
     return root
 
 
-def _replays(root: Path) -> pd.DataFrame:
-    return pd.read_csv(root / "runs" / "replay-sets" / "vllm" / "index.csv")
+def _replays(root: Path, name: str = "index.csv") -> pd.DataFrame:
+    return pd.read_csv(root / VLLM_SET / name)
+
+
+def _summary(root: Path, rel: str) -> dict:
+    return json.loads((root / rel / "summary.json").read_text())
 
 
 def test_real_server_answers_an_open_loop_replay(vllm_project):
     index = _replays(vllm_project)
     assert sorted(index["policy"]) == ["fixed_h", "matched_random", "no_sync"]
-    for rec in index.itertuples():
+    for rec in pd.concat([index, _replays(vllm_project, "repeats.csv")]).itertuples():
         requests = pd.read_parquet(vllm_project / rec.path / "requests.parquet")
         assert len(requests) > 20 and (requests["error"] == "").all()
         assert (requests["ttft_ms"] > 0).all() and (requests["ttft_ms"] <= requests["e2e_ms"]).all()
@@ -70,44 +80,131 @@ def test_real_server_answers_an_open_loop_replay(vllm_project):
         assert gauges.notna().all().all(), "every scrape read every gauge"
         assert (gauges >= 0).all().all() and (signals["kv_cache_usage"] <= 1).all()
         assert (signals["running"] >= 1).any(), "the server was seen running requests during the replay"
-        summary = json.loads((vllm_project / rec.path / "summary.json").read_text())
+        summary = _summary(vllm_project, rec.path)
         assert summary["valid"] is True and summary["failure_rate"] == 0.0 and rec.valid
+        assert summary["scrape_failures"] == 0 and summary["attempts"] == 1
+
+
+def test_the_capacity_search_ran_on_the_real_server_and_set_the_declared_utilisation(vllm_project):
+    plan = json.loads((vllm_project / VLLM_SET / "plan.json").read_text())
+    load = plan["loads"]["bursty"]
+    probes = load["probes"]
+    assert probes[0]["sustained"] and any(not p["sustained"] for p in probes), "the search crossed the knee"
+    assert load["capacity_rps"] == max(p["rate_rps"] for p in probes if p["sustained"])
+    assert load["ttft_bound_ms"] == pytest.approx(3.0 * probes[0]["ttft_p95_ms"])
+    assert load["utilisation"] == pytest.approx(0.7) and load["time_scale"] == pytest.approx(
+        0.7 * load["capacity_rps"] / load["peak_rate"])
+    assert len(load["noise_log_ratios"]) > 10
+    regime = plan["regimes"]["bursty"]
+    assert regime["time_scale"] == load["time_scale"] and 0.0 <= regime["power"] <= 1.0
+    for rec in _replays(vllm_project).itertuples():
+        assert _summary(vllm_project, rec.path)["time_scale"] == regime["time_scale"]
+
+
+def test_every_real_draw_is_count_matched_in_the_replayed_span(vllm_project):
+    index = _replays(vllm_project)
+    span = json.loads((vllm_project / VLLM_SET / "plan.json").read_text())["regimes"]["bursty"]["span_s"]
+    controller = read_schedule(vllm_project / index[index["policy"] == "fixed_h"].iloc[0]["schedule"])
+    draws = index[index["policy"] == "matched_random"]
+    assert len(draws) >= 1
+    for rec in draws.itertuples():
+        draw = read_schedule(vllm_project / rec.schedule)
+        assert "matched_random_span" in rec.schedule
+        check_span_budget(controller, draw, span)
+        summary = _summary(vllm_project, rec.path)
+        assert summary["span_merges"] == _summary(vllm_project, index[index["policy"] == "fixed_h"].iloc[0]["path"])[
+            "span_merges"]
+
+
+def test_no_sync_controls_are_interleaved_first_middle_and_last(vllm_project):
+    rows = pd.concat([_replays(vllm_project), _replays(vllm_project, "repeats.csv")])
+    summaries = [_summary(vllm_project, p) for p in rows["path"]]
+    order = sorted((s["position"], s["control"]) for s in summaries)
+    assert [p for p, _ in order] == list(range(len(order)))
+    controls = [(p, c) for p, c in order if c is not None]
+    assert [c for _, c in controls] == [0, 1, 2]
+    assert controls[0][0] == 0 and controls[-1][0] == len(order) - 1 and 0 < controls[1][0] < len(order) - 1
 
 
 def test_arrival_accuracy(vllm_project):
-    no_sync = _replays(vllm_project).query("policy == 'no_sync'").iloc[0]
-    requests = pd.read_parquet(vllm_project / no_sync["path"] / "requests.parquet")
-    lag = requests["send_lag_ms"]
-    assert (lag >= 0).all(), "never sent before its arrival time"
-    # a late send is charged to the request: latency runs from the scheduled arrival, so TTFT includes the lag
-    ok = requests["error"].fillna("") == ""
-    assert (requests.loc[ok, "ttft_ms"] >= lag[ok] - 1e-6).all()
-    # and a replay whose load generator ran late is not valid (the speed itself is benchmarks/bench_loadgen.py's)
-    summary = json.loads((vllm_project / no_sync["path"] / "summary.json").read_text())
-    limits = VllmReplay()  # the fixture keeps the default thresholds
-    assert summary["valid"] == (summary["send_lag_p99_ms"] <= limits.max_send_lag_p99_ms
-                                and summary["failure_rate"] <= limits.max_failure_rate)
-    assert (requests["cap_wait_ms"] < 1).all(), "the in-flight cap did not bind"
+    limits = load_params(vllm_project / "params.yaml").replay.vllm
+    for rec in _replays(vllm_project).itertuples():
+        requests = pd.read_parquet(vllm_project / rec.path / "requests.parquet")
+        lag = requests["send_lag_ms"]
+        assert (lag >= 0).all(), "never sent before its arrival time"
+        # a late send is charged to the request: latency runs from the scheduled arrival, so TTFT includes the lag
+        ok = requests["error"].fillna("") == ""
+        assert (requests.loc[ok, "ttft_ms"] >= lag[ok] - 1e-6).all()
+        # the client keeps time beside the server and its merge work (placement split): p99 within the bound
+        summary = _summary(vllm_project, rec.path)
+        assert summary["placement"]["mode"] == "split"
+        assert lag.quantile(0.99) <= limits.max_send_lag_p99_ms
+        assert (requests["cap_wait_ms"] < 1).all(), "the in-flight cap did not bind"
 
 
 def test_merge_work_and_merge_flags_only_inside_windows(vllm_project):
-    index = _replays(vllm_project)
-    for rec in index.itertuples():
+    plan = json.loads((vllm_project / VLLM_SET / "plan.json").read_text())["regimes"]["bursty"]
+    span, scale = plan["span_s"], plan["time_scale"]
+    for rec in _replays(vllm_project).itertuples():
         schedule = json.loads((vllm_project / rec.schedule).read_text())
         windows = pd.read_csv(vllm_project / rec.path / "windows.csv")
         requests = pd.read_parquet(vllm_project / rec.path / "requests.parquet")
-        starts = [s for s in schedule["merge_starts_s"] if s < 60]
+        starts = [s for s in schedule["merge_starts_s"] if s < span]
         assert len(windows) == len(starts)
-        for (start, end), w in zip([(s, min(s + schedule["window_s"], 60)) for s in starts], windows.itertuples()):
-            assert start - 0.1 <= w.start_s and w.end_s <= end + 4.0 * 0.5  # trace seconds; time_scale 4
+        for (start, end), w in zip([(s, min(s + schedule["window_s"], span)) for s in starts], windows.itertuples()):
+            # trace seconds: never early; late by at most half a wall second of scheduling, at this time scale
+            assert start - 0.1 <= w.start_s <= start + 0.5 * scale and w.end_s <= end + 0.5 * scale
         # recompute every flag: a request is merge-active when its life on the server (send to completion,
         # latency counted from the scheduled arrival) overlaps a window the merge work actually ran
-        end_s = np.maximum(requests["arrival_s"] + requests["e2e_ms"].fillna(0.0) / 1000.0 * 4.0, requests["send_s"])
+        end_s = np.maximum(requests["arrival_s"] + requests["e2e_ms"].fillna(0.0) / 1000.0 * scale, requests["send_s"])
         expected = np.zeros(len(requests), dtype=bool)
         for w in windows.itertuples():
             expected |= (requests["send_s"] < w.end_s).to_numpy() & (end_s >= w.start_s).to_numpy()
         assert (requests["merge_active"].to_numpy() == expected).all()
         assert expected.any() == bool(starts)
+
+
+def test_server_merge_work_and_client_each_run_on_their_own_cpus(tmp_path, tiny_raw):
+    """The split as /proc shows it: every process of the server's tree and every merge worker on the server
+    CPUs, the client (this process, inside the pinned block) on the others."""
+    require_vllm_python()
+    params = load_params(make_project(tmp_path, tiny_raw()))
+    cfg = params.replay.vllm
+    placement = CpuPlacement.split(1)
+    assert placement.mode == "split", "CI machines have at least two CPUs"
+    model = build_untrained_model(params, tmp_path)
+    server = VllmServer(VLLM_PYTHON, model, tmp_path / "server.log", cfg.server_args, cfg.startup_timeout_s,
+                        cache_dir=tmp_path.parent / "vllm-cache", placement=placement)
+    before = allowed_cpus(os.getpid())
+    with placement.pinned_client(), server, MergeInterference("merge", 2, 10_000, placement=placement) as work:
+        tree = [server.pid, *(p.pid for p in psutil.Process(server.pid).children(recursive=True))]
+        assert len(tree) >= 2, "the API server and its engine core"
+        for pid in [*tree, *work.pids]:
+            assert allowed_cpus(pid) == cpu_list(placement.server), pid
+        assert allowed_cpus(os.getpid()) == cpu_list(placement.client)
+        assert set(placement.client).isdisjoint(placement.server)
+        log = (tmp_path / "server.log").read_text()
+        assert f"VLLM_CPU_OMP_THREADS_BIND='{cpu_list(placement.server)}'" in log
+    assert allowed_cpus(os.getpid()) == before, "the client's CPUs are given back"
+
+
+def test_a_replay_beside_a_cpu_hog_is_retried_then_marked_machine_busy(tmp_path, tiny_raw):
+    require_vllm_python()
+    params = load_params(make_project(tmp_path, tiny_raw(), engine_profile=False, budget_s=20, busy_retry_pause_s=1,
+                                      capacity_probe_s=2))
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        replay_vllm(params, tmp_path)
+    finally:
+        hog.kill()
+        hog.wait()
+    rows = pd.concat([_replays(tmp_path), _replays(tmp_path, "repeats.csv")])
+    assert len(rows) >= 4 and not rows["valid"].any()
+    for path in rows["path"]:
+        summary = _summary(tmp_path, path)
+        assert summary["attempts"] == 2 and summary["foreign_cpu_cores"] > 0.5
+        assert summary["invalid_reason"].startswith("machine busy: foreign processes used")
+        assert any(name.startswith("python") for name, _, _ in summary["foreign_top"])
 
 
 def _server_processes(root: Path) -> list[psutil.Process]:
@@ -132,7 +229,7 @@ def _group_members(pgid: int) -> list[int]:
 
 
 def test_a_server_that_dies_mid_run_fails_loudly_and_writes_no_summary(tmp_path, tiny_raw):
-    params = load_params(make_project(tmp_path, tiny_raw()))
+    params = load_params(make_project(tmp_path, tiny_raw(), engine_profile=False, capacity_probe_s=2))
     out = tmp_path / "runs" / "replay-sets" / "vllm" / "bursty" / "seed-0"
 
     groups: list[int] = []
@@ -145,7 +242,7 @@ def test_a_server_that_dies_mid_run_fails_loudly_and_writes_no_summary(tmp_path,
                     groups.append(os.getpgid(proc.pid))
                     proc.kill()
                 return
-            time.sleep(0.5)
+            time.sleep(0.2)
 
     killer = threading.Thread(target=kill_after_first_summary, daemon=True)
     killer.start()

@@ -21,6 +21,7 @@ def _pipeline(root, params_file, cli):
 def test_without_mechanism_evidence_nothing_passes_the_harness_tier(tmp_path, params_file, raw_params, cli):
     root = tmp_path / "p"
     raw_params["regimes"] = {"bursty": raw_params["regimes"]["bursty"]}
+    raw_params["replay"]["vllm"]["regimes"] = ["bursty"]
     params_file.write_text(yaml.safe_dump(raw_params))
     _pipeline(root, params_file, cli)
     out = cli("analyze", "--params", str(params_file), "--root", str(root))
@@ -47,6 +48,7 @@ def test_without_mechanism_evidence_nothing_passes_the_harness_tier(tmp_path, pa
 def test_mechanism_evidence_lifts_the_ceiling(tmp_path, params_file, raw_params, cli):
     root = tmp_path / "p"
     raw_params["regimes"] = {"bursty": raw_params["regimes"]["bursty"]}
+    raw_params["replay"]["vllm"]["regimes"] = ["bursty"]
     params_file.write_text(yaml.safe_dump(raw_params))
     _pipeline(root, params_file, cli)
     mechanism = root / "runs" / "calibration" / "mechanism.json"

@@ -97,7 +97,8 @@ def test_gpu_profile_overlay_is_valid(repo_root, tmp_path, cli):
     gpu = load_params(out)
     assert gpu.profile == "gpu" and gpu.train.islands == 8 and len(gpu.seeds) == 10
     assert gpu.regimes["bursty"].period_s == 120  # untouched keys keep the cpu values
-    assert gpu.replay.vllm.time_scale == 1.0 and gpu.train.hub.model.startswith("HuggingFaceTB/")
+    assert gpu.replay.vllm.time_scale is None and gpu.replay.vllm.budget_s == 3600  # the load is set by capacity
+    assert gpu.train.hub.model.startswith("HuggingFaceTB/")
 
 
 # --------------------------------------------------------------------------- profiles

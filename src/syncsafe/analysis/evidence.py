@@ -23,6 +23,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from syncsafe.config import FidelityTargets
+from syncsafe.serving.gate import Outcome, gate_outcome
 
 DEFAULT_GATE_RATIO_THRESHOLD = 1.05
 
@@ -35,30 +36,44 @@ def _renamed(data: Any, old: str, new: str) -> Any:
         data.setdefault(new, data.pop(old))
     return data
 
+class NoSyncSpread(BaseModel):
+    """One seed's noise floor: p95 E2E and SLO-violation rate of each of its no-sync controls."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    seed: int
+    p95_ms: list[float]
+    slo_pct: list[float]
+    #: Largest p95 over the smallest, minus one (0.1 = the controls' p95 differ by 10 %).
+    p95_spread: float | None = None
+    slo_range_pp: float | None = None
+
+
 class RegimeMechanism(BaseModel):
     """Real-backend measurement of the merge mechanism in one regime (pooled over its replayed seeds).
 
-    Merge-active requests are chosen by their *no-sync twin*: a request counts
-    when its life in the seed's (first) no-sync replay overlaps a merge window
-    of the replay with merges, so slow requests are not selected by their own
-    slowness. All ratios are of p95 E2E latency.
+    See `syncsafe.analysis.calibration.mechanism`: merge-active requests are
+    chosen by arrival (a nominal lifetime overlapping a window), each replay
+    with merges is paired with its nearest no-sync control (`twin`) and the
+    next-nearest (the drift control). All ratios are of p95 E2E latency.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    #: Merge-active requests in the replays with merges / the same request ids in the seed's no-sync replay.
+    #: Merge-active requests in the replays with merges / the same request ids in their nearest control.
     sync_ratio_paired: float = Field(gt=0)
     #: Merge-active / merge-inactive requests within the replays with merges (confounded by load; a diagnostic).
     sync_ratio_unpaired: float | None = Field(default=None, gt=0)
     #: High / low inference-pressure requests of the no-sync replays (a diagnostic).
     pressure_ratio: float | None = Field(default=None, gt=0)
-    #: Drift control: the seed's no-sync replay repeated last / its first run, same request ids.
-    #: None: no repeated no-sync replay, and then the gate fails.
+    #: Drift control: the same requests in the next-nearest control / in the nearest.
+    #: None: no second no-sync control, and then the gate fails.
     drift_ratio: float | None = Field(default=None, gt=0)
     #: sync_ratio_paired / max(drift_ratio, 1 / drift_ratio): the gate's statistic.
     gate_ratio: float | None = Field(default=None, gt=0)
-    #: Lower bound of the block-bootstrap 95 % one-sided interval of `gate_ratio`.
+    #: One-sided 95 % block-bootstrap bounds of `gate_ratio`.
     gate_ratio_ci_low: float | None = Field(default=None, gt=0)
+    gate_ratio_ci_high: float | None = Field(default=None, gt=0)
     n_bootstrap: int = Field(default=0, ge=0)
     #: Length of the resampled blocks of consecutive arrivals (trace seconds).
     block_s: float | None = Field(default=None, gt=0)
@@ -66,12 +81,31 @@ class RegimeMechanism(BaseModel):
     seeds: list[int] = Field(default_factory=list)
     n_requests: int | None = Field(default=None, ge=0, description="real requests of the replays with merges")
     n_merge_active: int | None = Field(default=None, ge=0)
+    #: No-sync controls per seed, and their spread (the noise floor).
+    n_controls: int | None = Field(default=None, ge=0)
+    no_sync_spread: list[NoSyncSpread] = Field(default_factory=list)
+    #: The plan's chance that the gate passes at the profiled effect, and the target it was sized for.
+    power: float | None = Field(default=None, ge=0, le=1)
+    power_target: float | None = Field(default=None, gt=0, le=1)
+    #: The load the replays ran at: trace seconds per wall second, span, busiest window's share of capacity.
+    time_scale: float | None = Field(default=None, gt=0)
+    span_s: float | None = Field(default=None, gt=0)
+    utilisation: float | None = Field(default=None, ge=0)
 
     @model_validator(mode="before")
     @classmethod
     def _legacy_names(cls, data: Any) -> Any:
         """`sync_ratio` (the paired ratio under its old, ambiguous name) reads as `sync_ratio_paired`."""
         return _renamed(data, "sync_ratio", "sync_ratio_paired")
+
+    def outcome(self, threshold: float) -> Outcome:
+        """passed / failed / inconclusive against `threshold` (`syncsafe.serving.gate.gate_outcome`)."""
+        return gate_outcome(self.gate_ratio_ci_low, self.gate_ratio_ci_high, threshold)
+
+    @property
+    def underpowered(self) -> bool:
+        """The plan's power was unknown or below its target."""
+        return self.power is None or self.power_target is None or self.power < self.power_target
 
 
 class MechanismEvidence(BaseModel):
@@ -82,6 +116,8 @@ class MechanismEvidence(BaseModel):
     regimes: dict[str, RegimeMechanism]
     #: The bootstrap lower bound of `gate_ratio` (the drift-corrected paired sync ratio) must exceed this.
     gate_ratio_threshold: float = Field(default=DEFAULT_GATE_RATIO_THRESHOLD, ge=1.0)
+    #: Real replays marked invalid (regime, seed, path, reason): their seeds licensed nothing.
+    invalid_replays: list[dict[str, Any]] = Field(default_factory=list)
 
     @model_validator(mode="before")
     @classmethod
@@ -95,18 +131,27 @@ class MechanismEvidence(BaseModel):
         return cls.model_validate_json(Path(path).read_text(encoding="utf-8"))
 
     def failure(self, regime: str) -> str | None:
-        """Why the gate fails for `regime` (None: it passes)."""
+        """Why the gate does not pass for `regime` (None: it passes)."""
         m = self.regimes.get(regime)
         if m is None:
-            return f"no real-backend (vllm) mechanism measurement for regime {regime!r}"
+            busy = [r for r in self.invalid_replays if r.get("regime") == regime]
+            why = f" ({len(busy)} invalid real replays: {busy[0]['reason']})" if busy else ""
+            return f"no real-backend (vllm) mechanism measurement for regime {regime!r}{why}"
         if m.drift_ratio is None:
-            return "no drift control (no repeated no-sync replay): the measurement licenses nothing"
-        if m.gate_ratio_ci_low is None:
+            return "no drift control (no second no-sync control): the measurement licenses nothing"
+        if m.gate_ratio_ci_low is None and m.gate_ratio_ci_high is None:
             return "no bootstrap bound of the drift-corrected sync ratio"
-        if not m.gate_ratio_ci_low > self.gate_ratio_threshold:
-            return (f"lower 95 % bound {m.gate_ratio_ci_low:.3g} of the drift-corrected paired sync ratio "
-                    f"<= {self.gate_ratio_threshold:.3g}")
-        return None
+        threshold = self.gate_ratio_threshold
+        outcome = m.outcome(threshold)
+        if outcome == "passed":
+            return None
+        bounds = f"95 % bounds [{_fmt(m.gate_ratio_ci_low)}, {_fmt(m.gate_ratio_ci_high)}]"
+        if outcome == "failed":
+            return f"failed decisively: {bounds} of the drift-corrected paired sync ratio, all below {threshold:.3g}"
+        power = "power not planned" if m.power is None else f"planned power {m.power:.0%}"
+        if m.underpowered:
+            return f"underpowered ({power}): inconclusive, {bounds} straddle {threshold:.3g}"
+        return f"inconclusive at {power}: {bounds} straddle {threshold:.3g}"
 
     def shows(self, regime: str) -> bool:
         """True when the lower 95 % bound of (paired sync ratio / drift) exceeds the threshold."""
@@ -119,12 +164,17 @@ class MechanismEvidence(BaseModel):
         text = f"vllm paired sync ratio {m.sync_ratio_paired:.3g}"
         if m.drift_ratio is not None:
             text += f", drift {m.drift_ratio:.3g}"
-        if m.gate_ratio_ci_low is not None:
-            relation = ">" if m.gate_ratio_ci_low > self.gate_ratio_threshold else "<="
-            text += (f", drift-corrected {m.gate_ratio:.3g} (95 % lower bound {m.gate_ratio_ci_low:.3g} {relation} "
-                     f"{self.gate_ratio_threshold:.3g}, block bootstrap)")
+        if m.gate_ratio is not None:
+            text += (f", drift-corrected {m.gate_ratio:.3g} (95 % bounds [{_fmt(m.gate_ratio_ci_low)}, "
+                     f"{_fmt(m.gate_ratio_ci_high)}], block bootstrap; threshold {self.gate_ratio_threshold:.3g})")
+        if m.power is not None:
+            text += f", planned power {m.power:.0%}"
         failure = self.failure(regime)
-        return text + (f"; {failure}" if failure and m.drift_ratio is None else "")
+        return text + (f"; {failure}" if failure else "; passes")
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3g}"
 
 
 class SignAgreement(BaseModel):

@@ -28,6 +28,7 @@ from syncsafe.analysis.stage_figures import LOSS_FIGURE, TIMELINE_FIGURE, loss_c
 from syncsafe.analysis.report import markdown_table
 from syncsafe.analysis.evidence import FidelityEvidence, MechanismEvidence
 from syncsafe.artifacts import layout
+from syncsafe.artifacts.base import read_json
 from syncsafe.artifacts.calibration import read_fidelity, read_mechanism
 from syncsafe.artifacts.replay_sets import read_replay_index
 from syncsafe.artifacts.schedule_sets import read_schedule_index
@@ -84,11 +85,39 @@ def _real_replay_section(root: Path) -> str:
     rows = [
         [r.regime, r.policy if pd.isna(r.matched_to) else f"{r.policy}[{r.matched_to}]", r.seed,
          "" if pd.isna(r.draw) else int(r.draw), f"{100 * r.slo_violation_rate:.1f}", f"{r.p95_ms:.0f}",
-         r.n_requests, r.n_failed]
+         r.n_requests, r.n_failed, "yes" if getattr(r, "valid", True) else "NO"]
         for r in real.itertuples()
     ]  # fmt: skip
-    return "## Real replays (vLLM)\n\n" + markdown_table(
-        ["regime", "policy", "seed", "draw", "SLO violations %", "p95 ms", "requests", "failed"], rows)
+    plan = _plan_lines(root)
+    invalid = real[~real["valid"].astype(bool)] if "valid" in real.columns else real.iloc[0:0]
+    note = (f"\n\n{len(invalid)} of {len(real)} real replays are invalid and license nothing (their seeds are left "
+            "out of the gate, the fit and the fidelity check; reasons in the calibration report)." if len(invalid) else "")
+    return ("## Real replays (vLLM)\n\n" + (plan + "\n\n" if plan else "")
+            + markdown_table(["regime", "policy", "seed", "draw", "SLO violations %", "p95 ms", "requests", "failed",
+                              "valid"], rows) + note)
+
+
+def _plan_lines(root: Path) -> str:
+    """The real arm's plan per regime (load, span, what was replayed, planned power), from its plan.json."""
+    path = layout.at(root, layout.VLLM_PLAN)
+    if not path.is_file():
+        return ""
+    plan = read_json(path, "real-arm plan")
+    lines = []
+    for regime, p in sorted(plan.get("regimes", {}).items()):
+        load = plan.get("loads", {}).get(regime, {})
+        lines.append(
+            f"- {regime}: capacity {load.get('capacity_rps', float('nan')):.3g} requests/s, busiest window at "
+            f"{load.get('utilisation', float('nan')):.0%} of it (time scale {p['time_scale']:.3g}); span "
+            f"[0, {p['span_s']:g}) s of seeds {p['fit_seeds'] + p['held_out_seeds']}; {', '.join(p['controllers'])} with "
+            f"{p['draws']} span-matched draws and {p['controls']} no-sync controls; planned gate power "
+            f"{(p.get('power') or 0.0):.0%} (target {plan.get('power_target', 0.8):.0%})"
+            + (f"; left out for the budget: {', '.join(p['left_out'])}" if p.get("left_out") else ""))
+    placement = plan.get("placement") or {}
+    if placement:
+        lines.append(f"- placement: {placement.get('mode')} (client CPUs {placement.get('client_cpus')}, server and "
+                     f"merge work CPUs {placement.get('server_cpus')})")
+    return "\n".join(lines)
 
 
 def _calibration_section(root: Path, mechanism: MechanismEvidence | None) -> str:

@@ -65,6 +65,11 @@ def read_server_profile(root: PathLike, model: type[M]) -> M | None:
     return read_optional(layout.at(root, layout.VLLM_PROFILE), model, "server profile")
 
 
+def read_vllm_plan(root: PathLike, model: type[M]) -> M | None:
+    """runs/replay-sets/vllm/plan.json: the real arm's plan and measured loads (None before the vLLM replay)."""
+    return read_optional(layout.at(root, layout.VLLM_PLAN), model, "real-arm plan")
+
+
 def read_fit(root: PathLike) -> dict[str, Any] | None:
     """runs/calibration/fit.json (None when absent)."""
     path = layout.at(root, layout.FIT)

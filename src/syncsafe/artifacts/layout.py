@@ -26,7 +26,7 @@ No other module writes these names; they import them from here. Two forms:
       report_rel(POLICY_TABLE_FILE)   reports/policy_table.csv
       TRAIN_LOGS                  logs/train  (wall-clock facts: not stage outputs)
       VLLM_SERVER_LOG, LIVE_SERVER_LOG   logs/replay-vllm/server.log, logs/live/server.log
-      VLLM_PROFILE                runs/replay-sets/vllm/profile.json
+      VLLM_PROFILE, VLLM_PLAN     runs/replay-sets/vllm/profile.json, runs/replay-sets/vllm/plan.json
       UNTRAINED_MODEL, VLLM_CACHE, TOKENIZER_CACHE   models/serve-untrained, models/vllm-cache, models/tokenizer
 
 - **Root-anchored** functions taking the project `root` first, for code that
@@ -85,6 +85,9 @@ REPEAT_SUFFIX = "-repeat"
 #: vLLM replay set files (runs/replay-sets/vllm/).
 REPEATS_FILE = "repeats.csv"
 PROFILE_FILE = "profile.json"
+PLAN_FILE = "plan.json"
+#: Where the real arm keeps its span-matched draws: runs/replay-sets/vllm/<regime>/seed-<S>/<this>/<controller>-<DDD>/.
+SPAN_DRAWS_DIR = "matched_random_span"
 SERVER_METRICS_FILE = "metrics.txt"
 #: Calibration (runs/calibration/) and fidelity (runs/fidelity/).
 CALIBRATION_FILE = "calibration.json"
@@ -125,6 +128,7 @@ VLLM_SET = REPLAY_SETS / VLLM
 VLLM_INDEX = VLLM_SET / INDEX_FILE
 VLLM_REPEATS = VLLM_SET / REPEATS_FILE
 VLLM_PROFILE = VLLM_SET / PROFILE_FILE
+VLLM_PLAN = VLLM_SET / PLAN_FILE
 VLLM_SERVER_METRICS = VLLM_SET / SERVER_METRICS_FILE
 CALIBRATION = RUNS / "calibration"
 FITTED_CALIBRATION = CALIBRATION / CALIBRATION_FILE
@@ -314,6 +318,19 @@ def replay_dir_for_schedule(root: PathLike, backend: str, schedule_rel: PathLike
     (runs/schedule-sets/<regime>/seed-<S>/.../<stem>.json)."""
     rel = Path(schedule_rel).relative_to(SCHEDULE_SETS).with_suffix("")
     return replay_set_dir(root, backend) / rel
+
+
+def control_replay_dir(no_sync_dir: PathLike, control: int) -> Path:
+    """The replay directory of a seed's `control`-th no-sync control: the no-sync replay's own for the first
+    (control 0), `no_sync-repeat<control>` beside it for the later ones."""
+    no_sync_dir = Path(no_sync_dir)
+    return no_sync_dir if control == 0 else no_sync_dir.with_name(f"{no_sync_dir.name}{REPEAT_SUFFIX}{control}")
+
+
+def span_draw_dir(root: PathLike, regime: str, seed: int, controller: str, draw: int) -> Path:
+    """<root>/runs/replay-sets/vllm/<regime>/seed-<S>/matched_random_span/<controller>-<DDD>/ (a real-arm draw
+    with its schedule.json)."""
+    return replay_set_dir(root, VLLM, regime) / seed_dirname(seed) / SPAN_DRAWS_DIR / f"{controller}-{draw:03d}"
 
 
 def slo_oracle_dir(root: PathLike, regime: str, seed: int, controller: str) -> Path:

@@ -73,6 +73,15 @@ class Schedule(BaseModel):
     def n_merges(self) -> int:
         return len(self.merge_starts_s)
 
+    def overlaps(self, start_s: np.ndarray, end_s: np.ndarray) -> np.ndarray:
+        """True where [start_s, end_s) overlaps a merge window, or a window is active at start_s."""
+        starts = np.asarray(self.merge_starts_s, dtype=float)
+        if starts.size == 0:
+            return np.zeros(np.shape(start_s), dtype=bool)
+        last = np.searchsorted(starts, end_s, side="left") - 1  # last window opening before end_s
+        overlap = (last >= 0) & (starts[np.maximum(last, 0)] + self.window_s > start_s)
+        return overlap | self.windows_mask(start_s)
+
     def windows_mask(self, t_s: np.ndarray) -> np.ndarray:
         """True at each time in `t_s` that lies inside a merge window."""
         starts = np.asarray(self.merge_starts_s)

@@ -201,7 +201,10 @@ class SimulatorReplay(Strict):
 
 
 class VllmReplay(Strict):
-    """Replay against a real vLLM server: a subset of schedules, sized for the profile."""
+    """Replay against a real vLLM server: a plan sized to the server, the budget and the gate's power.
+
+    See `syncsafe.serving.vllm_plan` (what is replayed), `.capacity` (the load) and `.plan_sizing` (the span).
+    """
 
     enabled: bool = True
     #: Python of the environment vLLM is installed in (`make vllm-env` builds .venv-vllm).
@@ -209,28 +212,39 @@ class VllmReplay(Strict):
     #: Model to serve: a path or hub name; null = the trained export, else the model training starts from
     #: (`train.source`).
     model: str | None = None
-    regimes: list[str] = Field(default_factory=lambda: ["bursty"], min_length=1)
+    regimes: list[str] = Field(default_factory=lambda: ["bursty", "azure_conv"], min_length=1)
     #: Seeds to replay; null = the first four of `seeds` (one to fit, three held out).
     seeds: list[int] | None = None
     #: Seeds the calibrate-fit stage fits the simulator on; null = the first replayed seed.
     fit_seeds: list[int] | None = None
     #: Seeds the fidelity stage judges the simulator on (never fitted on); null = the other replayed seeds.
     held_out_seeds: list[int] | None = None
-    #: Controllers replayed (with their draws) on every replayed seed besides analysis.primary.policy; null = none.
-    policies: list[str] | None = None
-    #: Matched-random draws replayed per controller.
-    draws: Annotated[int, Field(ge=0)] = 3
-    #: Replay each seed's no-sync schedule again after the others (the mechanism gate's drift control);
-    #: the replays in between run in a seeded random order.
-    repeat_no_sync: bool = True
+    #: Controllers replayed (with their draws) besides analysis.primary.policy, added in this order while
+    #: the budget allows; null = none.
+    policies: list[str] | None = Field(default_factory=lambda: ["wa_lookahead"])
+    #: Span-matched random draws replayed per controller: at most this many, fewer when the budget needs it.
+    draws: Annotated[int, Field(ge=1)] = 2
+    #: No-sync replays per seed: first, interleaved, last (the gate's drift controls and noise floor).
+    no_sync_controls: Annotated[int, Field(ge=3)] = 3
     #: Profile the engine before the replays (iteration time by batch composition, with and without merges).
     engine_profile: bool = True
     #: Wall seconds per engine-profile probe.
     engine_profile_probe_s: PositiveFloat = 2.5
-    #: Trace seconds replayed per wall second (1 = real time).
-    time_scale: PositiveFloat = 4.0
-    #: Replay only the first this-many trace seconds of each schedule.
-    max_trace_s: PositiveFloat = 60.0
+    #: Trace seconds replayed per wall second; null = set per regime so that its busiest window runs at
+    #: `target_utilisation` of the server's measured capacity.
+    time_scale: PositiveFloat | None = None
+    #: Share of the measured capacity the busiest window of the no-sync load runs at.
+    target_utilisation: Annotated[float, Field(gt=0, le=0.9)] = 0.7
+    #: Capacity: the highest probed rate whose TTFT p95 stays within this many times the light-load TTFT p95.
+    capacity_ttft_factor: Annotated[float, Field(gt=1)] = 3.0
+    #: Wall seconds per capacity probe.
+    capacity_probe_s: PositiveFloat = 6.0
+    #: Trace seconds [0, span_s) every real replay covers; null = sized by the gate's power within `budget_s`.
+    span_s: PositiveFloat | None = None
+    #: Wall seconds the planned replays may take (server start, profile and capacity probes not counted).
+    budget_s: PositiveFloat = 900.0
+    #: Power of the mechanism gate the plan is sized for, at the profiled effect.
+    power_target: Annotated[float, Field(gt=0, lt=1)] = 0.8
     startup_timeout_s: PositiveFloat = 900.0
     request_timeout_s: PositiveFloat = 120.0
     #: In-flight cap of the load generator; waits it causes are recorded per request.
@@ -240,16 +254,25 @@ class VllmReplay(Strict):
                                  "--kv-cache-memory-bytes", "64M", "--shutdown-timeout", "2",
                                  "--disable-uvicorn-access-log"]
     )
-    #: Trace seconds of the first seed's load sent (and discarded) before the first measured replay.
+    #: Trace seconds of the first regime's first seed sent (and discarded) before anything is measured.
     warmup_s: Annotated[float, Field(ge=0)] = 20.0
     #: What runs beside the server during merge windows.
     interference: Literal["merge", "stress"] = "merge"
     interference_workers: Annotated[int, Field(ge=1)] = 2
+    #: CPUs set apart for the client (load generator, scraper); the server and merge work get the rest.
+    client_cpus: Annotated[int, Field(ge=1)] = 1
     scrape_interval_s: PositiveFloat = 0.5
     #: A replay with a larger share of failed requests is marked invalid (`valid: false`) and licenses nothing.
     max_failure_rate: Fraction = 0.02
     #: A replay whose send lag p99 (actual send after scheduled arrival) passes this is marked invalid.
-    max_send_lag_p99_ms: PositiveFloat = 1000.0
+    max_send_lag_p99_ms: PositiveFloat = 50.0
+    #: A replay whose /metrics scrapes failed more often than this is marked invalid.
+    max_scrape_failure_rate: Fraction = 0.2
+    #: Foreign CPU (cores, mean over a replay) above which the machine counts as busy: the replay is
+    #: retried once after `busy_retry_pause_s`, then marked invalid ("machine busy").
+    max_foreign_cpu: Annotated[float, Field(ge=0)] = 0.1
+    busy_sample_s: PositiveFloat = 1.0
+    busy_retry_pause_s: Annotated[float, Field(ge=0)] = 20.0
 
     @model_validator(mode="after")
     def _server_identity_is_ours(self) -> VllmReplay:
@@ -357,4 +380,7 @@ class AnalysisConfig(Strict):
     primary: PrimaryTest = PrimaryTest()
     #: A policy whose eval loss may exceed fixed_h's by more than this share is flagged "hurts training".
     loss_margin: Annotated[float, Field(ge=0)] = 0.01
+    #: The mechanism gate passes when the lower 95 % bound of the drift-corrected paired sync ratio exceeds
+    #: this (a user may demand more, never less).
+    gate_ratio_threshold: Annotated[float, Field(ge=1.05)] = 1.05
     fidelity: FidelityTargets = FidelityTargets()

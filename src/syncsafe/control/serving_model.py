@@ -150,6 +150,26 @@ class Calibration(BaseModel):
         decode = self.iteration_ms(0.0, batch) * np.maximum(output_tokens - 1.0, 0.0)
         return prefill + decode
 
+    def at_time_scale(self, time_scale: float) -> Calibration:
+        """This server seen on trace time that runs `time_scale` times faster than wall time.
+
+        A replay compressed `time_scale`-fold meets the server in wall time; on
+        trace time the same server is `time_scale` times slower: every cost in
+        trace ms is multiplied, the jitter is drawn per `jitter_step_s *
+        time_scale` trace seconds, and the capacity divided. Simulating
+        trace-time inputs with it gives `time_scale` times the latencies of
+        simulating the wall-time inputs with this calibration.
+        """
+        if time_scale == 1.0:
+            return self
+        k = float(time_scale)
+        return self.model_copy(update={
+            "iter_base_ms": self.iter_base_ms * k, "prefill_ms_per_token": self.prefill_ms_per_token * k,
+            "decode_ms_per_seq": self.decode_ms_per_seq * k, "request_overhead_ms": self.request_overhead_ms * k,
+            "token_overhead_ms": self.token_overhead_ms * k, "jitter_step_s": self.jitter_step_s * k,
+            "capacity_rps": self.capacity_rps / k,
+        })  # fmt: skip
+
     def full_batch_capacity_rps(self) -> float:
         """Requests/s a full batch of typical requests sustains at full pressure."""
         per_request_ms = self.service_ms(float(TYPICAL_PROMPT_TOKENS), float(TYPICAL_OUTPUT_TOKENS),

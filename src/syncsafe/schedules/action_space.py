@@ -159,11 +159,20 @@ class ActionSpace:
         if n == 0:
             return []
         totals = list(self.feasible_totals(n))
-        total = _pick(rng, totals, [self._ways(n, t) for t in totals])
+        return self.gaps_with_total(n, pick(rng, totals, [self._ways(n, t) for t in totals]), rng)
+
+    def ways(self, length: int, total: int) -> int:
+        """Gap sequences of `length` gaps (each 1..max_cycles) summing to `total`."""
+        return self._ways(length, total)
+
+    def gaps_with_total(self, length: int, total: int, rng: np.random.Generator) -> list[int]:
+        """A gap sequence drawn uniformly from those of `length` gaps summing to `total`."""
+        if self._ways(length, total) == 0:
+            raise ActionSpaceError(f"no {length} gaps of 1..{self.max_cycles} cycles sum to {total}")
         gaps = []
-        for i in range(n, 0, -1):
+        for i in range(length, 0, -1):
             options = [k for k in range(1, self.max_cycles + 1) if self._ways(i - 1, total - k) > 0]
-            k = _pick(rng, options, [self._ways(i - 1, total - k) for k in options])
+            k = pick(rng, options, [self._ways(i - 1, total - k) for k in options])
             gaps.append(k)
             total -= k
         return gaps
@@ -209,7 +218,7 @@ class ActionSpace:
         return [base + 1] * extra + [base] * (n - extra)
 
 
-def _pick(rng: np.random.Generator, options: list[int], weights: list[int]) -> int:
+def pick(rng: np.random.Generator, options: list, weights: list[int]):
     """One of `options` with probability exactly proportional to the integer `weights`."""
     total = sum(weights)
     # an exact uniform integer in [0, total) from 62-bit chunks (total may exceed 2**64)

@@ -35,6 +35,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from syncsafe.control.live_signals import sum_samples
+from syncsafe.control.serving_model import MAX_MERGE_SHARE, Calibration
 
 HISTOGRAMS = (
     "vllm:inter_token_latency_seconds",
@@ -184,3 +185,28 @@ def profile_server(
         rows.append(row)
     seen = sorted({name.rsplit("_", 1)[0] if name.endswith(("_sum", "_count")) else name for name in parse_metrics(text)})
     return ServerProfile(max_batch=max_batch, interference=interference, rows=rows, metrics_seen=seen), text
+
+
+def profile_prior(profile: ServerProfile, base: Calibration) -> tuple[Calibration, dict[str, float | None]]:
+    """Iteration costs and merge share read off the probes (see the module docstring); `base` for the rest."""
+    update: dict[str, float] = {"max_batch": profile.max_batch}
+    diag: dict[str, float | None] = {}
+    plain = profile.decode(merge=False)
+    if len(plain) >= 2:
+        n = np.array([r.concurrency for r in plain], dtype=float)
+        itl = np.array([r.itl_ms for r in plain], dtype=float)
+        slope, intercept = np.polyfit(n, itl, 1)
+        update["decode_ms_per_seq"] = max(float(slope), 0.0)
+        update["iter_base_ms"] = max(float(intercept), 0.0)
+        diag["profile_itl_ms_at_1"] = float(itl[np.argmin(n)])
+    prefill = profile.prefill()
+    if len(prefill) >= 2:
+        p = np.array([r.prompt_tokens for r in prefill], dtype=float)
+        ms = np.array([r.prefill_ms for r in prefill], dtype=float)
+        update["prefill_ms_per_token"] = max(float(np.polyfit(p, ms, 1)[0]), 0.0)
+    merged = {r.concurrency: r.itl_ms for r in profile.decode(merge=True)}
+    shares = [1.0 - r.itl_ms / merged[r.concurrency] for r in plain if merged.get(r.concurrency)]
+    if shares:
+        update["merge_compute_share"] = float(np.clip(np.mean(shares), 0.0, MAX_MERGE_SHARE))
+        diag["profile_merge_share"] = float(np.mean(shares))
+    return base.model_copy(update=update), diag

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Literal
 
 from syncsafe.procs import LOOPBACK_ENV, die_with_parent, free_port, loopback_store
+from syncsafe.serving.placement import CpuPlacement
 
 Mode = Literal["merge", "stress"]
 
@@ -39,8 +40,10 @@ class InterferenceError(RuntimeError):
 
 
 def _worker(rank: int, world: int, port: int, mode: Mode, numel: int, scratch: str,
-            commands: mp.Queue, results: mp.Queue, parent: int) -> None:
+            commands: mp.Queue, results: mp.Queue, parent: int, placement: CpuPlacement | None) -> None:
     die_with_parent(parent)  # a killed stage leaves no worker behind
+    if placement is not None:  # beside the server, on its CPUs: the merge takes the server's compute, not the client's
+        placement.pin_background()
     os.environ.update(LOOPBACK_ENV)  # gloo binds to loopback: nothing listens beyond this machine
     import torch
     import torch.distributed as dist
@@ -91,11 +94,12 @@ class MergeInterference:
     """Worker processes that run merge work during the windows they are given."""
 
     def __init__(self, mode: Mode, workers: int, payload_numel: int, scratch_dir: Path | None = None,
-                 ready_timeout_s: float = 180.0) -> None:
+                 ready_timeout_s: float = 180.0, placement: CpuPlacement | None = None) -> None:
         """`scratch_dir`: where merge checkpoints are written; None = a temporary directory
         outside every stage output, removed on exit. Entering waits up to `ready_timeout_s` for
-        every worker to start."""
+        every worker to start. `placement`: the workers run on the server's CPUs (or at its priority)."""
         self.ready_timeout_s = ready_timeout_s
+        self.placement = placement
         self.mode = mode
         self.world = workers
         self.numel = payload_numel
@@ -105,6 +109,11 @@ class MergeInterference:
         self._commands: list[mp.Queue] = []
         self._results: mp.Queue | None = None
 
+    @property
+    def pids(self) -> list[int]:
+        """The workers' process ids (empty before entering)."""
+        return [p.pid for p in self._procs if p.pid is not None]
+
     def __enter__(self) -> MergeInterference:
         ctx = mp.get_context("spawn")
         self.scratch.mkdir(parents=True, exist_ok=True)
@@ -113,7 +122,7 @@ class MergeInterference:
         for rank in range(self.world):
             q = ctx.Queue()
             p = ctx.Process(target=_worker, args=(rank, self.world, port, self.mode, self.numel, str(self.scratch),
-                                                  q, self._results, os.getpid()), daemon=True)
+                                                  q, self._results, os.getpid(), self.placement), daemon=True)
             p.start()
             self._procs.append(p)
             self._commands.append(q)

@@ -170,10 +170,12 @@ def summarize(results: pd.DataFrame, slo: SloSpec, high_pressure_threshold: floa
     )
 
 
-def replay_validity(results: pd.DataFrame, max_failure_rate: float, max_send_lag_p99_ms: float) -> dict:
+def replay_validity(results: pd.DataFrame, max_failure_rate: float, max_send_lag_p99_ms: float,
+                    other_reasons: Iterable[str] = ()) -> dict:
     """`valid`, `invalid_reason`, `failure_rate` and `send_lag_p99_ms` of a replay (see the module docstring).
 
-    A table without `send_lag_ms` (the simulator sends on time by construction) is judged on failures only.
+    A table without `send_lag_ms` (the simulator sends on time by construction) is judged on failures only;
+    `other_reasons` (a busy machine, a failing scraper) make it invalid too.
     """
     require_columns(results, ("error",), "per-request replay table")
     if results.empty:
@@ -181,7 +183,7 @@ def replay_validity(results: pd.DataFrame, max_failure_rate: float, max_send_lag
     failure_rate = float(failed_mask(results).mean())
     lag = results["send_lag_ms"].to_numpy(dtype=float) if "send_lag_ms" in results.columns else np.array([])
     lag_p99 = _quantiles_ms(lag, (99,))[0]
-    reasons = []
+    reasons = list(other_reasons)
     if failure_rate > max_failure_rate:
         reasons.append(f"failure rate {failure_rate:.3f} > max_failure_rate {max_failure_rate}")
     if lag_p99 is not None and lag_p99 > max_send_lag_p99_ms:

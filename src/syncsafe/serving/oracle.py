@@ -38,7 +38,7 @@ from syncsafe.schedules.action_space import ActionSpace
 from syncsafe.schedules.schedule import LoadIntegral, Schedule
 from syncsafe.control.serving_model import Calibration
 from syncsafe.serving.metrics import SloSpec, violation_mask
-from syncsafe.serving.simulator import simulate_replay
+from syncsafe.serving.simulator import simulate_at_time_scale
 
 #: Proxy aftermath: requests arriving this long after a window still meet its queue.
 DEFAULT_AFTERMATH_S = 10.0
@@ -66,17 +66,20 @@ def slo_oracle(
     *,
     max_evals: int = DEFAULT_MAX_EVALS,
     aftermath_s: float = DEFAULT_AFTERMATH_S,
+    time_scale: float = 1.0,
 ) -> OracleResult:
     """The fewest-violation schedule found for `controller`'s merge count (see the module docstring).
 
     `rivals` are already simulated schedules of the same count (matched-random
-    draws) with their violation counts; the controller itself is simulated here.
+    draws) with their violation counts; the controller itself is simulated here,
+    at `time_scale` like them (`simulate_at_time_scale`).
     """
     n = controller.n_merges
 
     def violations(starts: list[float]) -> int:
         trial = controller.model_copy(update={"merge_starts_s": starts})
-        return int(violation_mask(simulate_replay(requests, timeline, trial, calibration, seed), slo).sum())
+        results = simulate_at_time_scale(requests, timeline, trial, calibration, seed, time_scale)
+        return int(violation_mask(results, slo).sum())
 
     candidates: list[tuple[int, list[int], str]] = []
     evals = 0

@@ -43,6 +43,7 @@ from syncsafe.artifacts.replay_sets import (
     write_set_index,
 )
 from syncsafe.artifacts.schedule_sets import read_set_index as read_schedule_set_index
+from syncsafe.artifacts.calibration import read_vllm_plan
 from syncsafe.artifacts.traces import read_requests, read_timeline
 from syncsafe.config import Params
 from syncsafe.schedules.action_space import ActionSpace
@@ -51,7 +52,8 @@ from syncsafe.schedules.stage import in_params
 from syncsafe.control.serving_model import simulator_calibration
 from syncsafe.serving.metrics import REQUEST_RESULT_COLUMNS, SloSpec, derive_slo, summarize, violation_mask
 from syncsafe.serving.oracle import slo_oracle
-from syncsafe.serving.simulator import PressureLookup, simulate_replay
+from syncsafe.serving.simulator import PressureLookup, simulate_at_time_scale
+from syncsafe.serving.vllm_plan import RealPlan
 
 REPLAY_SETS_DIR = layout.REPLAY_SETS
 REPLAY_INDEX = layout.REPLAY_INDEX
@@ -109,12 +111,23 @@ def write_replay(out: Path, results: pd.DataFrame, slo: SloSpec, params: Params,
 # --------------------------------------------------------------------------- simulator
 
 
+def simulator_time_scale(root: Path, regime: str) -> float:
+    """The time scale the real arm replayed `regime` at (its `plan.json`); 1, the trace as given, without one."""
+    plan = read_vllm_plan(root, RealPlan)
+    return plan.time_scale(regime) if plan is not None else 1.0
+
+
 def replay_simulator(params: Params, regime: str, root: Path = Path(".")) -> pd.DataFrame:
-    """Every schedule of `regime` through the simulator, plus each controller's SLO oracle; returns the set's index."""
+    """Every schedule of `regime` through the simulator, plus each controller's SLO oracle; returns the set's index.
+
+    The load is the real arm's: trace time runs at the time scale its plan measured for the regime
+    (`simulator_time_scale`), latencies are wall milliseconds of that replay pace.
+    """
     index = read_schedule_set_index(root, regime)
     calibration = simulator_calibration(params.replay.simulator.calibration, root)
     space = ActionSpace.of_params(params, regime)
-    extra = {"backend": "simulator", "calibration": calibration.model_dump()}
+    time_scale = simulator_time_scale(root, regime)
+    extra = {"backend": "simulator", "calibration": calibration.model_dump(), "time_scale": time_scale}
     rows: list[dict] = []
     n_controllers = int(index["source"].isin(CONTROLLER_SOURCES).sum())
     with tqdm(total=len(index) + n_controllers, desc=f"replay simulator {regime}", unit="replay", leave=False) as bar:
@@ -126,7 +139,7 @@ def replay_simulator(params: Params, regime: str, root: Path = Path(".")) -> pd.
             draws: dict[str, list[tuple[Schedule, int]]] = {}
             for row in schedules:
                 schedule = read_schedule(layout.at(root, row["path"]))
-                results = simulate_replay(requests, timeline, schedule, calibration, seed)
+                results = simulate_at_time_scale(requests, timeline, schedule, calibration, seed, time_scale)
                 slo = slo or resolve_slo(params, results)
                 out = replay_path(root, "simulator", row["path"])
                 summary = write_replay(out, results, slo, params, extra)
@@ -138,10 +151,11 @@ def replay_simulator(params: Params, regime: str, root: Path = Path(".")) -> pd.
                 bar.update()
             for controller in controllers:
                 found = slo_oracle(controller, space, requests, timeline, calibration, seed, slo,
-                                   draws.get(controller.policy, []), max_evals=params.replay.simulator.oracle_evals)
+                                   draws.get(controller.policy, []), max_evals=params.replay.simulator.oracle_evals,
+                                   time_scale=time_scale)
                 out = layout.slo_oracle_dir(root, regime, seed, controller.policy)
                 schedule_path = write_schedule(out / layout.SCHEDULE_FILE, found.schedule)
-                results = simulate_replay(requests, timeline, found.schedule, calibration, seed)
+                results = simulate_at_time_scale(requests, timeline, found.schedule, calibration, seed, time_scale)
                 summary = write_replay(out, results, slo, params, {**extra, "oracle_evaluations": found.evaluations,
                                                                    "oracle_start": found.start})
                 row = pd.Series({"regime": regime, "policy": "slo_oracle", "seed": seed, "draw": pd.NA,
@@ -194,10 +208,10 @@ def request_results(raw: pd.DataFrame, timeline: pd.DataFrame, worked: list[tupl
     return table
 
 
-def wall_windows(schedule: Schedule, start_epoch: float, time_scale: float, max_trace_s: float) -> list[tuple[float, float]]:
-    """The schedule's merge windows inside the replayed span, as wall-clock intervals."""
+def wall_windows(schedule: Schedule, start_epoch: float, time_scale: float, span_s: float) -> list[tuple[float, float]]:
+    """The schedule's merge windows inside the replayed span [0, span_s), as wall-clock intervals."""
     return [
-        (start_epoch + s / time_scale, start_epoch + min(s + schedule.window_s, max_trace_s) / time_scale)
+        (start_epoch + s / time_scale, start_epoch + min(s + schedule.window_s, span_s) / time_scale)
         for s in schedule.merge_starts_s
-        if s < max_trace_s
+        if s < span_s
     ]

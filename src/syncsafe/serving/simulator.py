@@ -188,12 +188,33 @@ def simulate_replay(
             "ttft_ms": ttft_ms,
             "e2e_ms": e2e_ms,
             "output_tokens_received": output,
-            "merge_active": overlaps_merge_window(schedule, arrival, arrival + e2e_ms / 1000.0),
+            "merge_active": schedule.overlaps(arrival, arrival + e2e_ms / 1000.0),
             "inference_pressure": pressure.at(arrival),
             "error": np.full(arrival.size, "", dtype=object),
         },
         columns=list(REQUEST_RESULT_COLUMNS),
     )
+
+
+def simulate_at_time_scale(
+    requests: pd.DataFrame,
+    timeline: pd.DataFrame,
+    schedule: Schedule,
+    calibration: Calibration,
+    seed: int,
+    time_scale: float = 1.0,
+) -> pd.DataFrame:
+    """`simulate_replay` of trace-time inputs replayed `time_scale` times faster than wall time.
+
+    The server is `calibration` in wall time (`Calibration.at_time_scale`);
+    arrivals, windows and `merge_active` stay on trace time, latencies are
+    wall milliseconds, as in a real replay at that time scale.
+    """
+    results = simulate_replay(requests, timeline, schedule, calibration.at_time_scale(time_scale), seed)
+    if time_scale != 1.0:
+        results["ttft_ms"] = results["ttft_ms"] / time_scale
+        results["e2e_ms"] = results["e2e_ms"] / time_scale
+    return results
 
 
 def serve_iterations(
@@ -253,16 +274,6 @@ def serve_iterations(
         while heap and heap[0] >> _IDX_BITS <= g:
             done[pop(heap) & mask] = t
     return np.asarray(first), np.asarray(done)
-
-
-def overlaps_merge_window(schedule: Schedule, start_s: np.ndarray, end_s: np.ndarray) -> np.ndarray:
-    """True where [start_s, end_s) overlaps a merge window, or a window is active at start_s."""
-    starts = np.asarray(schedule.merge_starts_s, dtype=float)
-    if starts.size == 0:
-        return np.zeros(np.shape(start_s), dtype=bool)
-    last = np.searchsorted(starts, end_s, side="left") - 1  # last window opening before end_s
-    overlap = (last >= 0) & (starts[np.maximum(last, 0)] + schedule.window_s > start_s)
-    return overlap | schedule.windows_mask(start_s)
 
 
 def _request_arrays(requests: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -1,13 +1,25 @@
 """Replay against a real vLLM server (the `vllm` backend of the replay stage).
 
-One server serves every replayed schedule of a stage run. Per schedule the
-merge workload is handed the merge windows as wall-clock intervals, the
-load generator sends the seed's requests open loop, and a scraper samples
-the server's Prometheus gauges; then the server is checked to be alive
-before anything is written. Trace time runs `replay.vllm.time_scale` times
-faster than wall time (arrivals and merge windows alike), and only the first
-`max_trace_s` trace seconds are replayed, so the cpu profile finishes in
-minutes; latencies are real milliseconds.
+One server serves the whole stage run, with the merge work beside it on the
+same CPUs and the client (this process) on CPUs of its own
+(`syncsafe.serving.placement`). In order:
+
+1. warm-up (discarded), then the engine profile (`engine_profile`);
+2. per regime, the server's capacity for its token mix, the time scale that
+   puts its busiest window at `target_utilisation`, and the noise probe
+   (`capacity`);
+3. the plan: controllers and span sized so the mechanism gate is powered
+   within `budget_s` (`plan_sizing`), written to `plan.json` and printed;
+4. the replays: per regime and seed, the no-sync controls interleaved with
+   the controllers and their span-matched draws (`vllm_plan`). Per replay
+   the merge work is handed the windows inside the span as wall intervals,
+   the load generator sends the span's requests open loop, a scraper samples
+   the server's gauges, and a monitor measures foreign CPU use: above
+   `max_foreign_cpu` the replay is retried once after a pause, then marked
+   invalid ("machine busy"). Too many failures, a late client or a failing
+   scraper mark it invalid as well; an invalid replay licenses nothing.
+
+Latencies are real milliseconds; arrivals and windows stay in trace seconds.
 """
 
 from __future__ import annotations
@@ -15,7 +27,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -29,22 +41,18 @@ from syncsafe.artifacts.schedule_sets import read_schedule_index
 from syncsafe.artifacts.traces import read_requests, read_timeline
 from syncsafe.config import Params
 from syncsafe.control.live_signals import sum_samples
-from syncsafe.schedules.schedule import read_schedule
+from syncsafe.schedules.action_space import ActionSpace
+from syncsafe.schedules.schedule import Schedule, read_schedule, write_schedule
+from syncsafe.schedules.span import span_count
+from syncsafe.serving.busy import ForeignCpu, ForeignCpuMonitor
 from syncsafe.serving.interference import MergeInterference
 from syncsafe.serving.loadgen import replay_requests
-from syncsafe.serving.metrics import replay_validity
-from syncsafe.serving.replay import (
-    index_row,
-    replay_path,
-    seed_schedules,
-    write_replay,
-    write_set_index,
-    request_results,
-    resolve_slo,
-    wall_windows,
-)
-from syncsafe.serving.engine_profile import max_num_seqs, profile_server
-from syncsafe.serving.vllm_plan import choose_schedules, replay_order, vllm_controllers, vllm_seeds
+from syncsafe.serving.metrics import SloSpec, replay_validity
+from syncsafe.serving.placement import CpuPlacement
+from syncsafe.serving.real_plan import plan_real_arm
+from syncsafe.serving.replay import index_row, replay_path, request_results, resolve_slo, wall_windows, write_replay, write_set_index
+from syncsafe.serving.engine_profile import ServerProfile, max_num_seqs, profile_server
+from syncsafe.serving.vllm_plan import RealPlan, RegimePlan, check_span_budget, replay_order, span_draws
 from syncsafe.serving.vllm_server import ServerError, VllmServer, resolve_python
 
 #: Gauges scraped from /metrics (summed over label sets).
@@ -53,8 +61,10 @@ GAUGES = {
     "vllm:num_requests_waiting": "waiting",
     "vllm:kv_cache_usage_perc": "kv_cache_usage",
 }
-LEAD_S = 2.0
-#: Second no-sync replay of each seed (drift control), same columns as index.csv; and the server profile.
+#: Wall seconds between handing a replay its windows and its first arrival.
+LEAD_S = 1.0
+#: Trace seconds per wall second of the warm-up load.
+WARMUP_TIME_SCALE = 4.0
 REPEATS_FILE = layout.REPEATS_FILE
 PROFILE_FILE = layout.PROFILE_FILE
 SERVER_LOG = layout.VLLM_SERVER_LOG
@@ -66,7 +76,7 @@ def parse_gauges(text: str) -> dict[str, float]:
 
 
 class MetricsScraper:
-    """Samples the server's gauges every `interval_s` on a background thread."""
+    """Samples the server's gauges every `interval_s` on a background thread, counting failed scrapes."""
 
     def __init__(self, base_url: str, interval_s: float, start_epoch: float, time_scale: float) -> None:
         self.url = f"{base_url}/metrics"
@@ -74,18 +84,21 @@ class MetricsScraper:
         self.start_epoch = start_epoch
         self.time_scale = time_scale
         self.rows: list[dict] = []
+        self.failures: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
+        import urllib.request
+
         while not self._stop.is_set():
             now = time.time()
             try:
                 with urllib.request.urlopen(self.url, timeout=2) as resp:
                     gauges = parse_gauges(resp.read().decode())
                 self.rows.append({"t_s": (now - self.start_epoch) * self.time_scale, **gauges})
-            except OSError:
-                pass  # a missed sample; the server's health is checked separately
+            except Exception as err:  # noqa: BLE001 - every failed scrape is counted, none ends the thread
+                self.failures.append(f"{type(err).__name__}: {err}"[:200])
             self._stop.wait(self.interval_s)
 
     def __enter__(self) -> MetricsScraper:
@@ -99,15 +112,15 @@ class MetricsScraper:
     def frame(self) -> pd.DataFrame:
         return pd.DataFrame(self.rows, columns=["t_s", *GAUGES.values()])
 
+    @property
+    def failure_rate(self) -> float:
+        attempts = len(self.rows) + len(self.failures)
+        return len(self.failures) / attempts if attempts else 1.0
+
 
 def server_log_path(root: Path) -> Path:
     """The vLLM server's log: under logs/ (gitignored), outside every stage output; tracked as an MLflow artifact."""
     return layout.at(root, SERVER_LOG)
-
-
-def vllm_policies(params: Params) -> list[str]:
-    """Controllers whose schedules the vLLM replay covers (the primary first; see `vllm_plan`)."""
-    return vllm_controllers(params)
 
 
 def served_model(params: Params, root: Path) -> Path | str:
@@ -115,14 +128,14 @@ def served_model(params: Params, root: Path) -> Path | str:
     starts from (`train.source`: hub = train.hub.model; builtin = a locally built untrained tiny model).
     Hub ids resolve through the local Hugging Face cache."""
     from syncsafe.diloco.hub import resolve_model
+    from syncsafe.serving.vllm_plan import vllm_controllers, vllm_seeds
 
     cfg = params.replay.vllm
     if cfg.model:
         return resolve_model(cfg.model, "replay.vllm.model")
-    seed = vllm_seeds(params)[0]
-    trained = layout.train_run_dir(root, cfg.regimes[0], vllm_policies(params)[0], seed) / layout.MODEL_DIR
-    if (trained / "config.json").is_file():
-        return trained
+    trained = layout.train_run_dir(root, cfg.regimes[0], vllm_controllers(params)[0], vllm_seeds(params)[0])
+    if (trained / layout.MODEL_DIR / "config.json").is_file():
+        return trained / layout.MODEL_DIR
     if params.train.source == "hub":
         return resolve_model(params.train.hub.model, "train.hub.model")
     return build_untrained_model(params, root)
@@ -149,82 +162,207 @@ def _model_facts(model: Path | str) -> tuple[int, int]:
     return int(config["vocab_size"]), int(numel)
 
 
+@dataclass(frozen=True)
+class PlannedReplay:
+    """One replay of the plan: what to replay, where its output goes, and its place among the seed's replays."""
+
+    row: pd.Series
+    schedule: Schedule
+    out: Path
+    control: int | None
+    position: int
+
+
+class RealArm:
+    """The server, its merge work and the client of one stage run (see the module docstring)."""
+
+    def __init__(self, params: Params, root: Path, server: VllmServer, work: MergeInterference,
+                 placement: CpuPlacement, model: Path | str, vocab: int) -> None:
+        self.params, self.cfg, self.root = params, params.replay.vllm, Path(root)
+        self.server, self.work, self.placement = server, work, placement
+        self.model, self.vocab = model, vocab
+
+    def send(self, requests: pd.DataFrame, start_epoch: float, time_scale: float = 1.0, seed: int = 0) -> pd.DataFrame:
+        cfg = self.cfg
+        return replay_requests(self.server.base_url, self.server.served_name, requests, start_epoch, time_scale,
+                               self.vocab, seed, cfg.max_in_flight, cfg.request_timeout_s)
+
+    def warm_up(self) -> None:
+        """First requests hit cold code paths: a slice of real load, discarded, before anything is measured."""
+        regime, seed = self.cfg.regimes[0], self.params.seeds[0]
+        requests = read_requests(self.root, regime, seed)
+        warm = requests[requests["arrival_s"] < self.cfg.warmup_s]
+        if len(warm):
+            self.send(warm, time.time() + 0.5, WARMUP_TIME_SCALE, seed)
+        now = time.time()  # the workers may still be starting: one short window before anything is timed
+        self.work.submit([(now, now + 0.1)])
+        self.work.collect(timeout_s=self.cfg.startup_timeout_s)
+
+    def profile(self, out_root: Path) -> ServerProfile | None:
+        """The engine profile (profile.json and the last /metrics text), or None when switched off."""
+        cfg = self.cfg
+        if not cfg.engine_profile:
+            return None
+
+        def merge_window(start: float, end: float):
+            self.work.submit([(start, end)])
+            return lambda: self.work.collect(timeout_s=cfg.request_timeout_s + (end - start))
+
+        max_batch = max_num_seqs(cfg.server_args) or 8
+        profile, text = profile_server(self.server.base_url, self.server.served_name, self.vocab, max_batch,
+                                       cfg.interference, merge_window, probe_s=cfg.engine_profile_probe_s)
+        io.write_text(out_root / layout.SERVER_METRICS_FILE, text)
+        io.write_text(out_root / PROFILE_FILE, model_json(profile))
+        return profile
+
+    # ------------------------------------------------------------------ the replays
+
+    def planned(self, plan: RegimePlan, index: pd.DataFrame) -> list[tuple[int, list[PlannedReplay]]]:
+        """Per seed of `plan`, its replays in order, span-matched draws made and written as schedules."""
+        out = []
+        space_of = None
+        for seed in plan.seeds:
+            rows = index[(index["regime"] == plan.regime) & (index["seed"] == seed)]
+            chosen = [r for _, r in rows.iterrows()
+                      if r["source"] == "no_sync" or (r["source"] in ("train", "harness") and r["policy"] in plan.controllers)]
+            if space_of is None:
+                space_of = ActionSpace.of_params(self.params, plan.regime)
+            for controller_row in [r for r in chosen if r["source"] != "no_sync"]:
+                controller = read_schedule(layout.at(self.root, controller_row["path"]))
+                for draw in span_draws(controller, space_of, plan.span_s, plan.draws):
+                    check_span_budget(controller, draw, plan.span_s)
+                    target = layout.span_draw_dir(self.root, plan.regime, seed, controller.policy, int(draw.draw))
+                    path = write_schedule(target / layout.SCHEDULE_FILE, draw)
+                    chosen.append(pd.Series({"regime": plan.regime, "policy": "matched_random", "seed": seed,
+                                             "draw": draw.draw, "matched_to": controller.policy,
+                                             "source": "matched_random", "path": path.relative_to(self.root).as_posix()}))
+            replays = []
+            for position, (row, control) in enumerate(replay_order(plan.regime, seed, chosen, plan.controls)):
+                schedule = read_schedule(layout.at(self.root, row["path"]))
+                if row["source"] == "matched_random":
+                    base = layout.at(self.root, row["path"]).parent
+                else:
+                    base = replay_path(self.root, layout.VLLM, row["path"])
+                if control is not None:
+                    base = layout.control_replay_dir(base, control)
+                replays.append(PlannedReplay(row, schedule, base, control, position))
+            out.append((seed, replays))
+        return out
+
+    def replay_once(self, item: PlannedReplay, requests: pd.DataFrame, plan: RegimePlan
+                    ) -> tuple[pd.DataFrame, list, MetricsScraper, ForeignCpu, float]:
+        cfg = self.cfg
+        start = time.time() + LEAD_S
+        self.work.submit(wall_windows(item.schedule, start, plan.time_scale, plan.span_s))
+        with ForeignCpuMonitor(cfg.busy_sample_s) as monitor, \
+                MetricsScraper(self.server.base_url, cfg.scrape_interval_s, start, plan.time_scale) as scraper:
+            raw = self.send(requests, start, plan.time_scale, int(item.row["seed"]))
+        worked = self.work.collect(timeout_s=cfg.request_timeout_s + plan.span_s / plan.time_scale)
+        self.server.check_alive()  # a server that died mid-replay leaves no summary
+        return raw, worked, scraper, monitor.result(), start
+
+    def replay(self, item: PlannedReplay, requests: pd.DataFrame, timeline: pd.DataFrame, plan: RegimePlan,
+               slo, load_utilisation: float) -> dict:
+        """One planned replay, retried once when the machine was busy; its summary (written last)."""
+        cfg = self.cfg
+        attempts, began = 0, time.monotonic()
+        while True:
+            attempts += 1
+            raw, worked, scraper, foreign, start = self.replay_once(item, requests, plan)
+            if foreign.cores <= cfg.max_foreign_cpu or attempts == 2:
+                break
+            tqdm.write(f"replay vllm: machine busy during {item.out.name} ({foreign.describe()}); "
+                       f"retrying after {cfg.busy_retry_pause_s:g} s")
+            time.sleep(cfg.busy_retry_pause_s)
+        results = request_results(raw, timeline, worked, start, plan.time_scale)
+        slo = slo or resolve_slo(self.params, results)
+        write_signals(item.out, scraper.frame())
+        write_windows(item.out, pd.DataFrame(
+            [((b - start) * plan.time_scale, (e - start) * plan.time_scale, n) for b, e, n in worked],
+            columns=["start_s", "end_s", "iterations"]))
+        reasons = []
+        if foreign.cores > cfg.max_foreign_cpu:
+            reasons.append(f"machine busy: {foreign.describe()} > max_foreign_cpu {cfg.max_foreign_cpu:g}")
+        if scraper.failure_rate > cfg.max_scrape_failure_rate:
+            reasons.append(f"/metrics scrapes failed {len(scraper.failures)} times "
+                           f"({scraper.failure_rate:.0%} > max_scrape_failure_rate {cfg.max_scrape_failure_rate:g})")
+        counted = span_count(item.schedule.merge_starts_s, item.schedule.window_s, plan.span_s)
+        return write_replay(item.out, results, slo, self.params, {
+            "backend": "vllm", "model": str(self.model), "time_scale": plan.time_scale, "span_s": plan.span_s,
+            "utilisation": load_utilisation, "interference": cfg.interference, "placement": self.placement.record(),
+            "position": item.position, "control": item.control, "attempts": attempts,
+            "wall_s": time.monotonic() - began,
+            "span_merges": counted.merges, "span_cut": counted.cut,
+            "foreign_cpu_cores": foreign.cores, "foreign_top": [list(t) for t in foreign.top],
+            "scrape_failures": len(scraper.failures), "scrape_failure_rate": scraper.failure_rate,
+            # valid, invalid_reason, failure_rate, send_lag_p99_ms: an invalid replay licenses nothing
+            **replay_validity(results, cfg.max_failure_rate, cfg.max_send_lag_p99_ms, reasons),
+            "cap_wait_max_ms": float(results["cap_wait_ms"].max()),
+        })  # fmt: skip
+
+
 def replay_vllm(params: Params, root: Path = Path(".")) -> pd.DataFrame:
-    """Replay the configured subset of schedules against one real vLLM server."""
+    """Measure the server, size the plan, replay it against one real vLLM server; return the replay index."""
     cfg = params.replay.vllm
+    root = Path(root)
+    out_root = layout.at(root, layout.VLLM_SET)
     if not cfg.enabled:  # an empty set: calibrate then records that nothing was measured on a real server
-        return write_set_index(layout.at(root, layout.VLLM_INDEX), [])
+        io.write_text(out_root / layout.PLAN_FILE, model_json(RealPlan(notes=["replay.vllm.enabled is false"])))
+        write_set_index(out_root / REPEATS_FILE, [])
+        return write_set_index(out_root / layout.INDEX_FILE, [])
     index = read_schedule_index(root)
-    chosen = choose_schedules(params, index)
     model = served_model(params, root)
     vocab, numel = _model_facts(model)
-    out_root = layout.at(root, layout.VLLM_SET)
+    placement = CpuPlacement.split(cfg.client_cpus)
     server = VllmServer(resolve_python(cfg.python), model, server_log_path(root), cfg.server_args,
-                        cfg.startup_timeout_s, cache_dir=Path(root).resolve() / layout.VLLM_CACHE)
+                        cfg.startup_timeout_s, cache_dir=root.resolve() / layout.VLLM_CACHE, placement=placement)
     rows: list[dict] = []
     repeats: list[dict] = []
-    warmed = cfg.warmup_s == 0
-    with server, MergeInterference(cfg.interference, cfg.interference_workers, numel) as work, \
-            tqdm(total=len(chosen) + cfg.repeat_no_sync * chosen["seed"].nunique(), desc="replay vllm",
-                 unit="replay", leave=False) as bar:
-        for regime, by_regime in chosen.groupby("regime", sort=False):
-            for seed, schedules in seed_schedules(root, by_regime):
-                requests = read_requests(root, regime, seed)
-                requests = requests[requests["arrival_s"] < cfg.max_trace_s].reset_index(drop=True)
-                timeline = read_timeline(root, regime, seed)
-                if not warmed:  # first requests hit cold code paths; keep them out of every measurement
-                    warmup = requests[requests["arrival_s"] < cfg.warmup_s]
-                    replay_requests(server.base_url, server.served_name, warmup, time.time() + 0.5, cfg.time_scale, vocab, seed,
-                                    cfg.max_in_flight, cfg.request_timeout_s)
-                    warmed = True
-                    if cfg.engine_profile:  # the server's iteration costs, with and without merges, for calibrate-fit
-                        write_server_profile(server, work, out_root, vocab, cfg)
-                slo = None
-                for row, repeat in replay_order(regime, seed, schedules, cfg.repeat_no_sync):
-                    schedule = read_schedule(layout.at(root, row["path"]))
-                    start = time.time() + LEAD_S
-                    windows = wall_windows(schedule, start, cfg.time_scale, cfg.max_trace_s)
-                    work.submit(windows)
-                    with MetricsScraper(server.base_url, cfg.scrape_interval_s, start, cfg.time_scale) as scraper:
-                        raw = replay_requests(server.base_url, server.served_name, requests, start, cfg.time_scale, vocab,
-                                              seed, cfg.max_in_flight, cfg.request_timeout_s)
-                    worked = work.collect(timeout_s=cfg.request_timeout_s + cfg.max_trace_s / cfg.time_scale)
-                    server.check_alive()  # a server that died mid-replay leaves no summary
-                    results = request_results(raw, timeline, worked, start, cfg.time_scale)
-                    slo = slo or resolve_slo(params, results)
-                    out = replay_path(root, layout.VLLM, row["path"])
-                    out = out.with_name(out.name + layout.REPEAT_SUFFIX) if repeat else out
-                    write_signals(out, scraper.frame())
-                    write_windows(out, pd.DataFrame(
-                        [((b - start) * cfg.time_scale, (e - start) * cfg.time_scale, n) for b, e, n in worked],
-                        columns=["start_s", "end_s", "iterations"]))
-                    summary = write_replay(out, results, slo, params, {
-                        "backend": "vllm", "model": str(model), "time_scale": cfg.time_scale,
-                        "max_trace_s": cfg.max_trace_s, "interference": cfg.interference,
-                        # valid, invalid_reason, failure_rate, send_lag_p99_ms: an invalid replay licenses nothing
-                        **replay_validity(results, cfg.max_failure_rate, cfg.max_send_lag_p99_ms),
-                        "cap_wait_max_ms": float(results["cap_wait_ms"].max()),
-                    })  # fmt: skip
-                    (repeats if repeat else rows).append(index_row(row, "vllm", schedule, summary, out, Path(root)))
-                    bar.update()
+    clock = _PhaseClock()
+    with placement.pinned_client(), server, MergeInterference(cfg.interference, cfg.interference_workers, numel,
+                                              placement=placement) as work:
+        arm = RealArm(params, root, server, work, placement, model, vocab)
+        arm.warm_up()
+        clock.lap("server start and warm-up")
+        profile = arm.profile(out_root)
+        clock.lap("engine profile")
+        plan = plan_real_arm(params, root, index, profile, placement, arm.send)
+        clock.lap("capacity, noise probes and plan")
+        io.write_text(out_root / layout.PLAN_FILE, model_json(plan))
+        planned = {regime: arm.planned(p, index) for regime, p in plan.regimes.items()}
+        total = sum(len(items) for seeds in planned.values() for _, items in seeds)
+        with tqdm(total=total, desc="replay vllm", unit="replay", leave=False) as bar:
+            for regime, seeds in planned.items():
+                regime_plan = plan.regimes[regime]
+                for seed, items in seeds:
+                    requests = read_requests(root, regime, seed)
+                    requests = requests[requests["arrival_s"] < regime_plan.span_s].reset_index(drop=True)
+                    timeline = read_timeline(root, regime, seed)
+                    slo = None
+                    for item in items:
+                        summary = arm.replay(item, requests, timeline, regime_plan, slo,
+                                             plan.loads[regime].utilisation if regime in plan.loads else 0.0)
+                        if item.control == 0:  # the seed's first no-sync replay: every replay's SLO
+                            slo = SloSpec(**summary["slo"])
+                        row = index_row(item.row, "vllm", item.schedule, summary, item.out, root)
+                        row["schedule"] = item.row["path"]
+                        (repeats if item.control else rows).append(row)
+                        bar.update()
+        clock.lap("replays")
     write_set_index(out_root / REPEATS_FILE, repeats)
     return write_set_index(out_root / layout.INDEX_FILE, rows)
 
 
-def write_server_profile(server: VllmServer, work: MergeInterference, out_root: Path, vocab: int, cfg) -> Path:
-    """Probe the server (`syncsafe.serving.engine_profile`) and write profile.json and the last /metrics text."""
-    def merge_window(start: float, end: float):
-        work.submit([(start, end)])
-        return lambda: work.collect(timeout_s=cfg.request_timeout_s + (end - start))
+class _PhaseClock:
+    """Prints how long each phase of the stage took (the stage log keeps it)."""
 
-    now = time.time()  # the workers may still be starting: wait for one short window before timing anything
-    work.submit([(now, now + 0.1)])
-    work.collect(timeout_s=cfg.startup_timeout_s)
-    max_batch = max_num_seqs(cfg.server_args) or 8
-    profile, text = profile_server(server.base_url, server.served_name, vocab, max_batch, cfg.interference,
-                                   merge_window, probe_s=cfg.engine_profile_probe_s)
-    io.write_text(out_root / layout.SERVER_METRICS_FILE, text)
-    return io.write_text(out_root / PROFILE_FILE, model_json(profile))
+    def __init__(self) -> None:
+        self.last = time.monotonic()
+
+    def lap(self, phase: str) -> None:
+        now = time.monotonic()
+        tqdm.write(f"replay vllm: {phase} took {now - self.last:.0f} s")
+        self.last = now
 
 
 __all__ = ["MetricsScraper", "ServerError", "parse_gauges", "replay_vllm", "served_model"]

@@ -44,6 +44,7 @@ from types import FrameType, TracebackType
 from syncsafe.config import RESERVED_SERVER_ARGS
 from syncsafe.errors import BadInput
 from syncsafe.procs import LOOPBACK, die_with_parent, free_port, log_tail
+from syncsafe.serving.placement import CpuPlacement
 
 GRACE_S = 15.0
 
@@ -105,7 +106,9 @@ class VllmServer:
         extra_args: list[str] | None = None,
         startup_timeout_s: float = 600.0,
         cache_dir: Path | None = None,
+        placement: CpuPlacement | None = None,
     ) -> None:
+        """`placement`: the server's CPU set (or priority) apart from the client's; None = wherever the OS puts it."""
         check_server_args(list(extra_args or []))
         self.python = str(python)
         self.model = str(model)
@@ -115,10 +118,16 @@ class VllmServer:
         self.extra_args = list(extra_args or [])
         self.startup_timeout_s = startup_timeout_s
         self.cache_dir = Path(cache_dir) if cache_dir else None
+        self.placement = placement
         self._proc: subprocess.Popen | None = None
         self._pgid: int | None = None
         self._tmp: Path | None = None
         self._previous_handlers: dict[int, object] = {}
+
+    @property
+    def pid(self) -> int | None:
+        """The API server's process id (the leader of its process group) while it runs."""
+        return None if self._proc is None else self._proc.pid
 
     @property
     def base_url(self) -> str:
@@ -142,6 +151,8 @@ class VllmServer:
         env["TMPDIR"] = str(self._tmp)
         for var in ("VLLM_CPU_KVCACHE_SPACE",):  # overrides --kv-cache-memory-bytes
             env.pop(var, None)
+        if self.placement is not None:
+            env.update(self.placement.server_env())
         return env
 
     def start(self) -> VllmServer:
@@ -152,10 +163,11 @@ class VllmServer:
         self.served_name = f"syncsafe-{secrets.token_hex(6)}"
         self._install_signal_handlers()
         try:
+            tie = functools.partial(die_with_parent, os.getpid())
+            preexec = tie if self.placement is None else self.placement.preexec(then=tie)
             with open(self.log_path, "w") as log:
                 self._proc = subprocess.Popen(self.command(), env=self._env(), stdout=log, stderr=subprocess.STDOUT,
-                                              start_new_session=True,
-                                              preexec_fn=functools.partial(die_with_parent, os.getpid()))
+                                              start_new_session=True, preexec_fn=preexec)
             self._pgid = self._proc.pid  # its own session: the group outlives the leader, so kill by group
             self._wait_healthy()
         except BaseException:

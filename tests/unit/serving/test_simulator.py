@@ -11,7 +11,7 @@ from syncsafe.control.types import FleetSignals
 from syncsafe.schedules.schedule import Schedule
 from syncsafe.control.serving_model import Calibration, load_calibration
 from syncsafe.serving.metrics import REQUEST_RESULT_COLUMNS, SloSpec, summarize
-from syncsafe.serving.simulator import WorkClock, overlaps_merge_window, simulate_replay
+from syncsafe.serving.simulator import WorkClock, simulate_replay
 from syncsafe.traces.requests import generate_requests
 from syncsafe.traces.timeline import generate_timeline, regime_rng
 
@@ -242,8 +242,8 @@ def test_merge_active_means_the_life_overlaps_a_window():
     merges = schedule([10.0])  # [10, 18)
     start = np.array([5.0, 5.0, 18.0, 12.0, 9.0, 17.5])
     end = np.array([10.0, 10.001, 20.0, 12.0, 30.0, 17.5])
-    assert overlaps_merge_window(merges, start, end).tolist() == [False, True, False, True, True, True]
-    assert not overlaps_merge_window(schedule([]), start, end).any()
+    assert merges.overlaps(start, end).tolist() == [False, True, False, True, True, True]
+    assert not schedule([]).overlaps(start, end).any()
 
 
 def test_calibration_keeps_its_public_meaning_and_reads_old_files(tmp_path):

@@ -1,8 +1,8 @@
 """Calibration of the simulator to the real server, the mechanism gate and held-out fidelity.
 
-* :mod:`.records`: real replays as records, on wall time for the simulator.
-* :mod:`.mechanism`: twin-defined merge-active requests, paired sync ratio,
-  drift control, block-bootstrap gate (`runs/calibration/mechanism.json`).
+* :mod:`.records`: real replays as records, simulated at their own span and time scale.
+* :mod:`.mechanism`: merge-active requests by arrival, paired sync ratio against
+  the nearest no-sync controls, block-bootstrap gate (`runs/calibration/mechanism.json`).
 * :mod:`.fit`: the iteration-level model fitted to the server profile and the
   fit seeds' replays (`runs/calibration/calibration.json`).
 * :mod:`.fidelity`: the simulator on held-out seeds' real replays
@@ -12,7 +12,7 @@
 
 from syncsafe.analysis.calibration.fit import CalibrationFit, fit_calibration
 from syncsafe.analysis.calibration.mechanism import mechanism_evidence, regime_mechanism
-from syncsafe.analysis.calibration.records import ReplayRecord, read_vllm_records, simulate_record, wall_inputs
+from syncsafe.analysis.calibration.records import ReplayRecord, read_vllm_records, simulate_record
 from syncsafe.analysis.calibration.stage import calibrate_fit_stage, fidelity_stage
 
 __all__ = [
@@ -25,5 +25,4 @@ __all__ = [
     "read_vllm_records",
     "regime_mechanism",
     "simulate_record",
-    "wall_inputs",
 ]

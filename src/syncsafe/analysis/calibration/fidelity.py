@@ -30,7 +30,6 @@ from syncsafe.config import FidelityTargets
 from syncsafe.io import atomic_path
 from syncsafe.control.serving_model import Calibration
 from syncsafe.serving.metrics import SloSpec, derive_slo, p95_ratio, violation_mask
-from syncsafe.serving.simulator import overlaps_merge_window
 
 FIDELITY_COLUMNS = (
     "regime", "seed", "policy", "draw", "matched_to", "source", "label", "n_requests",
@@ -125,7 +124,7 @@ def cdf_figure(real: Sequence[ReplayRecord], sims: Sequence[ReplayRecord]) -> Fi
             ids = table.index.intersection(twin.index)
             start = twin.loc[ids, "arrival_s"].to_numpy(dtype=float)
             end = start + twin.loc[ids, "e2e_ms"].to_numpy(dtype=float) / 1000.0 * rec.time_scale
-            active = overlaps_merge_window(rec.replayed_schedule(), start, end)
+            active = rec.replayed_schedule().overlaps(start, end)
             e2e = table.loc[ids, "e2e_ms"].to_numpy(dtype=float)
             for group, mask, color in (("merge-active", active, "C3"), ("inactive", ~active, "C0")):
                 values = np.sort(e2e[mask & np.isfinite(e2e)])

@@ -45,7 +45,7 @@ from syncsafe.analysis.calibration.records import (
 )
 from syncsafe.control.serving_model import MAX_MERGE_SHARE, Calibration
 from syncsafe.serving.metrics import derive_slo, violation_mask
-from syncsafe.serving.engine_profile import ServerProfile
+from syncsafe.serving.engine_profile import ServerProfile, profile_prior
 
 #: Fewest no-sync requests the replay step accepts.
 MIN_SERVICE_ROWS = 10
@@ -62,31 +62,6 @@ class CalibrationFit:
 
     calibration: Calibration
     diagnostics: dict[str, float | int | str | None] = field(default_factory=dict)
-
-
-def profile_prior(profile: ServerProfile, base: Calibration) -> tuple[Calibration, dict[str, float | None]]:
-    """Iteration costs and merge share read off the probes (see the module docstring); `base` for the rest."""
-    update: dict[str, float] = {"max_batch": profile.max_batch}
-    diag: dict[str, float | None] = {}
-    plain = profile.decode(merge=False)
-    if len(plain) >= 2:
-        n = np.array([r.concurrency for r in plain], dtype=float)
-        itl = np.array([r.itl_ms for r in plain], dtype=float)
-        slope, intercept = np.polyfit(n, itl, 1)
-        update["decode_ms_per_seq"] = max(float(slope), 0.0)
-        update["iter_base_ms"] = max(float(intercept), 0.0)
-        diag["profile_itl_ms_at_1"] = float(itl[np.argmin(n)])
-    prefill = profile.prefill()
-    if len(prefill) >= 2:
-        p = np.array([r.prompt_tokens for r in prefill], dtype=float)
-        ms = np.array([r.prefill_ms for r in prefill], dtype=float)
-        update["prefill_ms_per_token"] = max(float(np.polyfit(p, ms, 1)[0]), 0.0)
-    merged = {r.concurrency: r.itl_ms for r in profile.decode(merge=True)}
-    shares = [1.0 - r.itl_ms / merged[r.concurrency] for r in plain if merged.get(r.concurrency)]
-    if shares:
-        update["merge_compute_share"] = float(np.clip(np.mean(shares), 0.0, MAX_MERGE_SHARE))
-        diag["profile_merge_share"] = float(np.mean(shares))
-    return base.model_copy(update=update), diag
 
 
 def _quantile_errors(real: Sequence[ReplayRecord], cal: Calibration,

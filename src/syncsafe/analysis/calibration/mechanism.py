@@ -1,139 +1,99 @@
-"""The mechanism gate: do merges slow the real server, beyond its drift from replay to replay?
+"""The mechanism gate: do merges slow the real server, beyond how much its no-merge replays differ?
 
-Per regime, pooled over the replayed seeds (all ratios of p95 E2E):
+Per regime, pooled over the replayed seeds (the statistic, its bounds and
+outcome: `syncsafe.serving.gate`):
 
-- *merge-active* requests of a replay with merges are those whose **no-sync
-  twin** (the same request id in the seed's first no-sync replay) lived
-  through a merge window of that replay: chosen by the twin's lifetime, not by
-  their own latency, so slowness cannot select them.
-- `sync_ratio_paired`: merge-active requests / the same ids in no-sync.
-- `drift_ratio`: the seed's no-sync replay repeated *last* / its first run,
-  over every request (no merge in either: anything but ~1 is the server
-  drifting across the replays in between).
-- gate statistic: `sync_ratio_paired / max(drift, 1 / drift)`; its lower 95 %
-  bound by a block bootstrap over blocks of `block_s` trace seconds of
-  arrivals (per seed, the blocks resampled with replacement; every replay's
-  requests of a block move together, so the dependence inside a burst and
-  between replays of the same arrivals is kept). A missing drift control
-  leaves the bound empty and fails the gate.
-- `sync_ratio_unpaired` (merge-active / inactive inside the merge replays)
-  and `pressure_ratio` (high / low inference pressure in no-sync) are
-  diagnostics only.
+- *merge-active* requests of a replay with merges are those whose arrival
+  plus one nominal lifetime (the seed's first no-sync control's median E2E)
+  overlaps a merge window of the replay's span (`gate.merge_active`):
+  chosen by arrival alone, so no latency of any replay selects them;
+- each replay with merges is paired with its **nearest** no-sync control in
+  the seed's replay order (`twin`) and the next-nearest (`other`, the drift
+  control): `sync = p95(mine) / p95(twin)`, `drift = p95(other) / p95(twin)`,
+  `gate = sync / max(drift, 1 / drift)`;
+- block bootstrap over `block_s` trace seconds of arrivals: one-sided 95 %
+  lower and upper bounds. The gate *passes* when the lower bound exceeds the
+  threshold, *fails* (decisively) when the upper bound is below it, and is
+  otherwise *inconclusive*: underpowered when the plan's power
+  (`plan.json`) was below its target;
+- the noise floor per seed: the spread of p95 E2E and SLO rate over the
+  seed's no-sync controls;
+- `sync_ratio_unpaired` (merge-active / inactive inside the merge replays,
+  by the requests' own flag) and `pressure_ratio` (high / low inference
+  pressure in the first no-sync replays) are diagnostics only.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from syncsafe.analysis.calibration.records import (
     ReplayRecord,
+    control_records,
+    nearest_control_records,
     no_sync_records,
     ok_mask,
     p95,
-    repeat_records,
 )
-from syncsafe.analysis.evidence import MechanismEvidence, RegimeMechanism
-from syncsafe.serving.metrics import p95_ratio
-from syncsafe.serving.simulator import overlaps_merge_window
+from syncsafe.analysis.evidence import MechanismEvidence, NoSyncSpread, RegimeMechanism
+from syncsafe.serving.gate import GatePairs, block_ids, gate_bounds, gate_statistic, merge_active
+from syncsafe.serving.metrics import derive_slo, p95_ratio, violation_mask
+from syncsafe.serving.vllm_plan import RealPlan
 
 #: Bootstrap resamples and block length of the gate's interval.
 N_BOOTSTRAP = 1000
 BLOCK_S = 10.0
-#: One-sided level of the lower bound.
-LOWER_QUANTILE = 0.05
 
 
-@dataclass(frozen=True)
-class PairedRows:
-    """Pooled request pairs of one regime: E2E (ms) in a replay and in its twin, with the arrival's block."""
-
-    mine: np.ndarray
-    twin: np.ndarray
-    block: np.ndarray  # global block id (seed and arrival block)
-
-    @staticmethod
-    def empty() -> PairedRows:
-        return PairedRows(np.empty(0), np.empty(0), np.empty(0, dtype=np.int64))
+def nominal_life_s(control: ReplayRecord) -> float:
+    """The seed's nominal request lifetime in trace seconds: its first control's median E2E."""
+    e2e = control.results["e2e_ms"].to_numpy(dtype=float)[ok_mask(control.results)]
+    return float(np.median(e2e)) / 1000.0 * control.time_scale if e2e.size else 0.0
 
 
-def _block_ids(seed_index: int, arrival_s: np.ndarray, block_s: float) -> np.ndarray:
-    return seed_index * 1_000_000 + np.floor(arrival_s / block_s).astype(np.int64)
+def _replay_pairs(rec: ReplayRecord, controls: list[ReplayRecord], seed_index: int, block_s: float) -> GatePairs:
+    """`rec`'s merge-active requests with its nearest and next-nearest control (NaN without a second)."""
+    near = nearest_control_records(rec, controls)
+    twin, other = near[0], (near[1] if len(near) > 1 else None)
+    frames = [rec.by_id(), twin.by_id()] + ([other.by_id()] if other is not None else [])
+    ids = frames[0].index
+    for frame in frames:
+        ids = ids.intersection(frame.index[ok_mask(frame)])
+    arrival = twin.by_id().loc[ids, "arrival_s"].to_numpy(dtype=float)
+    keep = merge_active(rec.replayed_schedule(), arrival, nominal_life_s(controls[0]))
+    ids, arrival = ids[keep], arrival[keep]
+    e2e = [f.loc[ids, "e2e_ms"].to_numpy(dtype=float) for f in frames]
+    other_e2e = e2e[2] if other is not None else np.full(ids.size, np.nan)
+    return GatePairs(e2e[0], e2e[1], other_e2e, block_ids(seed_index, arrival, block_s))
 
 
-def _pairs(rec: ReplayRecord, twin: ReplayRecord, ids_mask: str, seed_index: int, block_s: float) -> PairedRows:
-    """Pairs of `rec` and `twin` over their common ok requests: all, or the twin-defined merge-active ones."""
-    r, b = rec.by_id(), twin.by_id()
-    r = r[ok_mask(r)]
-    b = b[ok_mask(b)]
-    ids = r.index.intersection(b.index)
-    r, b = r.loc[ids], b.loc[ids]
-    if ids_mask == "active":
-        start = b["arrival_s"].to_numpy(dtype=float)
-        end = start + b["e2e_ms"].to_numpy(dtype=float) / 1000.0 * twin.time_scale  # twin's life, trace seconds
-        keep = overlaps_merge_window(rec.replayed_schedule(), start, end)
-        r, b = r[keep], b[keep]
-    return PairedRows(r["e2e_ms"].to_numpy(dtype=float), b["e2e_ms"].to_numpy(dtype=float),
-                      _block_ids(seed_index, b["arrival_s"].to_numpy(dtype=float), block_s))
-
-
-def _concat(rows: Sequence[PairedRows]) -> PairedRows:
-    if not rows:
-        return PairedRows.empty()
-    return PairedRows(*(np.concatenate([getattr(p, f) for p in rows]) for f in ("mine", "twin", "block")))
-
-
-def active_pairs(records: Sequence[ReplayRecord], block_s: float = BLOCK_S) -> PairedRows:
-    """Twin-defined merge-active requests of every replay with merges, paired with their no-sync twin."""
-    twins = no_sync_records(records)
+def active_pairs(records: Sequence[ReplayRecord], block_s: float = BLOCK_S) -> GatePairs:
+    """The gate's rows of every replay with merges in `records` (see the module docstring)."""
+    controls = control_records(records)
     seeds = sorted({r.seed for r in records})
-    return _concat([_pairs(rec, twins[rec.key], "active", seeds.index(rec.seed), block_s)
-                    for rec in records if rec.has_merges and not rec.is_no_sync])
+    missing = sorted({r.key for r in records} - set(controls))
+    if missing:
+        no_sync_records(records)  # raises, naming the seeds without a no-sync replay
+    return GatePairs.concat([_replay_pairs(rec, controls[rec.key], seeds.index(rec.seed), block_s)
+                             for rec in records if rec.has_merges and not rec.is_no_sync])
 
 
-def drift_pairs(records: Sequence[ReplayRecord], block_s: float = BLOCK_S) -> PairedRows:
-    """Every request of each repeated no-sync replay, paired with the same request in the first no-sync run."""
-    twins, repeats = no_sync_records(records), repeat_records(records)
-    seeds = sorted({r.seed for r in records})
-    return _concat([_pairs(rep, twins[key], "all", seeds.index(key[1]), block_s) for key, rep in repeats.items()])
-
-
-def gate_statistic(active: PairedRows, drift: PairedRows | None) -> tuple[float | None, float | None, float | None]:
-    """(sync_ratio_paired, drift_ratio, gate_ratio) of the pooled pairs."""
-    sync = p95_ratio(active.mine, active.twin)
-    if drift is None or drift.mine.size == 0:
-        return sync, None, None
-    d = p95_ratio(drift.mine, drift.twin)
-    if sync is None or d is None:
-        return sync, d, None
-    return sync, d, sync / max(d, 1.0 / d)
-
-
-def bootstrap_lower_bound(active: PairedRows, drift: PairedRows, seed: int = 0,
-                          n_bootstrap: int = N_BOOTSTRAP) -> float | None:
-    """Block-bootstrap lower 95 % bound of the gate statistic (None without both kinds of pairs)."""
-    if active.mine.size == 0 or drift.mine.size == 0:
-        return None
-    blocks = np.union1d(active.block, drift.block)
-    a_of = {b: np.flatnonzero(active.block == b) for b in blocks}
-    d_of = {b: np.flatnonzero(drift.block == b) for b in blocks}
-    seeds = blocks // 1_000_000
-    rng = np.random.default_rng([seed, 0x6A7E])
-    stats = []
-    for _ in range(n_bootstrap):
-        chosen = np.concatenate([rng.choice(blocks[seeds == s], size=int((seeds == s).sum())) for s in np.unique(seeds)])
-        ai = np.concatenate([a_of[b] for b in chosen])
-        di = np.concatenate([d_of[b] for b in chosen])
-        if ai.size == 0 or di.size == 0:
-            continue
-        _, _, g = gate_statistic(PairedRows(active.mine[ai], active.twin[ai], active.block[ai]),
-                                 PairedRows(drift.mine[di], drift.twin[di], drift.block[di]))
-        if g is not None:
-            stats.append(g)
-    return float(np.quantile(stats, LOWER_QUANTILE)) if stats else None
+def no_sync_spread(records: Sequence[ReplayRecord], slo_multiplier: float) -> list[NoSyncSpread]:
+    """Per seed: p95 E2E and SLO-violation rate of each no-sync control (the noise floor)."""
+    out = []
+    for (_, seed), controls in sorted(control_records(records).items()):
+        first = controls[0]
+        slo = first.slo or derive_slo(first.results, slo_multiplier)
+        p95s = [p95(c.results["e2e_ms"].to_numpy(dtype=float)[ok_mask(c.results)]) for c in controls]
+        slos = [100.0 * float(violation_mask(c.results, slo).mean()) for c in controls]
+        known = [v for v in p95s if v]
+        out.append(NoSyncSpread(seed=seed, p95_ms=[v or 0.0 for v in p95s], slo_pct=slos,
+                                p95_spread=(max(known) / min(known) - 1.0) if len(known) > 1 else None,
+                                slo_range_pp=(max(slos) - min(slos)) if len(slos) > 1 else None))
+    return out
 
 
 def sync_ratio_unpaired(records: Sequence[ReplayRecord]) -> float | None:
@@ -162,21 +122,29 @@ def _pooled_p95_ratio(tables: Sequence[pd.DataFrame], split: Callable[[pd.DataFr
 
 
 def regime_mechanism(records: Sequence[ReplayRecord], high_pressure: float, *, block_s: float = BLOCK_S,
-                     n_bootstrap: int = N_BOOTSTRAP, seed: int = 0) -> RegimeMechanism | None:
+                     n_bootstrap: int = N_BOOTSTRAP, seed: int = 0, slo_multiplier: float = 1.5,
+                     plan: RealPlan | None = None) -> RegimeMechanism | None:
     """The mechanism measurement of one regime's real replays (None: no merge-active request to measure)."""
-    active = active_pairs(records, block_s)
-    drift = drift_pairs(records, block_s)
-    sync, d, gate = gate_statistic(active, drift)
+    pairs = active_pairs(records, block_s)
+    sync, drift, gate = gate_statistic(pairs)
     if sync is None:
         return None
-    low = bootstrap_lower_bound(active, drift, seed, n_bootstrap) if gate is not None else None
+    low, high = gate_bounds(pairs, seed, n_bootstrap) if gate is not None else (None, None)
+    regime = records[0].regime
+    planned = plan.regimes.get(regime) if plan is not None else None
+    load = plan.loads.get(regime) if plan is not None else None
     return RegimeMechanism(
         sync_ratio_paired=sync, sync_ratio_unpaired=sync_ratio_unpaired(records),
-        pressure_ratio=pressure_ratio(records, high_pressure), drift_ratio=d, gate_ratio=gate,
-        gate_ratio_ci_low=low, n_bootstrap=n_bootstrap if low is not None else 0, block_s=block_s,
-        seeds=sorted({r.seed for r in records}),
+        pressure_ratio=pressure_ratio(records, high_pressure), drift_ratio=drift, gate_ratio=gate,
+        gate_ratio_ci_low=low, gate_ratio_ci_high=high, n_bootstrap=n_bootstrap if gate is not None else 0,
+        block_s=block_s, seeds=sorted({r.seed for r in records}),
         n_requests=int(sum(len(r.results) for r in records if r.has_merges and not r.is_no_sync)),
-        n_merge_active=int(active.mine.size),
+        n_merge_active=pairs.size, n_controls=max(len(c) for c in control_records(records).values()),
+        no_sync_spread=no_sync_spread(records, slo_multiplier),
+        power=planned.power if planned is not None else None,
+        power_target=plan.power_target if plan is not None else None,
+        time_scale=records[0].time_scale, span_s=records[0].span_s,
+        utilisation=load.utilisation if load is not None else None,
     )  # fmt: skip
 
 
@@ -210,5 +178,5 @@ def transfer_table(real: Sequence[ReplayRecord], simulated: Sequence[ReplayRecor
         }
         for metric, (a, b) in values.items():
             rows.append({"regime": regime, "metric": metric, "real": a, "simulated": b,
-                         "sim_over_real": b / a if a and b is not None else None, "n_real": int(r_act.mine.size)})
+                         "sim_over_real": b / a if a and b is not None else None, "n_real": r_act.size})
     return pd.DataFrame(rows, columns=["regime", "metric", "real", "simulated", "sim_over_real", "n_real"])

@@ -2,15 +2,17 @@
 
 Time. vLLM replays compress trace time: a request arriving at trace second
 `a` is sent at wall second `a / time_scale`, a merge window lasts
-`window_s / time_scale` wall seconds, and only arrivals `< max_trace_s` are
-replayed; latencies are real milliseconds. Everything that meets the
-simulator therefore runs on *wall* time (`wall_inputs`), so a fitted
+`window_s / time_scale` wall seconds, and only arrivals in the span
+`[0, span_s)` are replayed; latencies are real milliseconds. The simulator
+meets them at the same time scale (`simulate_record`,
+`syncsafe.serving.simulator.simulate_at_time_scale`), so a fitted
 calibration describes the real server in real milliseconds.
 
-Each seed has one no-sync replay run first (`repeat=False`, the twin every
-replay of the seed is paired with, and the SLO's source) and, when the replay
-plan repeats it last, a second one (`repeat=True`, listed in
-`runs/replay-sets/vllm/repeats.csv`), the drift control of the mechanism gate.
+Each seed's no-sync schedule is replayed several times, interleaved with the
+other replays (`control` 0, 1, ...; `position` is every replay's place in
+the seed's order): the first is the SLO's source and listed in the vLLM
+index, the later ones in `runs/replay-sets/vllm/repeats.csv` (`repeat`).
+The mechanism gate pairs each replay with its nearest controls.
 """
 
 from __future__ import annotations
@@ -32,11 +34,12 @@ from syncsafe.config import Params
 from syncsafe.schedules.schedule import Schedule, read_schedule
 from syncsafe.control.serving_model import Calibration
 from syncsafe.serving.metrics import REQUEST_RESULT_COLUMNS, SloSpec, failed_mask, require_columns
-from syncsafe.serving.simulator import simulate_replay
+from syncsafe.serving.simulator import simulate_at_time_scale
+from syncsafe.serving.vllm_plan import nearest_controls
 
 VLLM_SET = layout.VLLM_SET
 VLLM_INDEX = layout.VLLM_INDEX
-#: Second no-sync replay of each seed, run last (same columns as the index).
+#: The later no-sync controls of each seed (same columns as the index).
 VLLM_REPEATS = layout.VLLM_REPEATS
 #: Server profile written by the vLLM replay stage (`syncsafe.serving.engine_profile`).
 VLLM_PROFILE = layout.VLLM_PROFILE
@@ -63,9 +66,12 @@ class ReplayRecord:
     schedule: Schedule
     timeline: pd.DataFrame
     time_scale: float = 1.0
-    max_trace_s: float | None = None
+    span_s: float | None = None
     slo: SloSpec | None = None
-    repeat: bool = False
+    #: Which no-sync control this replay is (0 = the first), None for a replay with merges.
+    control: int | None = None
+    #: Place in its seed's replay order (None: unknown, as in replays written before positions were kept).
+    position: int | None = None
 
     def __post_init__(self) -> None:
         require_columns(self.results, REQUEST_RESULT_COLUMNS, f"replay {self.name}")
@@ -87,9 +93,14 @@ class ReplayRecord:
         return self.schedule.source == "no_sync"
 
     @property
+    def repeat(self) -> bool:
+        """A later no-sync control (not the seed's first no-sync replay)."""
+        return bool(self.control)
+
+    @property
     def merge_starts_s(self) -> list[float]:
         """The schedule's merge starts inside the replayed span (trace seconds)."""
-        cut = self.max_trace_s
+        cut = self.span_s
         return [s for s in self.schedule.merge_starts_s if cut is None or s < cut]
 
     @property
@@ -134,62 +145,54 @@ def no_sync_records(records: Iterable[ReplayRecord]) -> dict[tuple[str, int], Re
     return found
 
 
-def repeat_records(records: Iterable[ReplayRecord]) -> dict[tuple[str, int], ReplayRecord]:
-    """The repeated (last) no-sync record of each (regime, seed) that has one."""
-    return {rec.key: rec for rec in records if rec.repeat}
+def control_records(records: Iterable[ReplayRecord]) -> dict[tuple[str, int], list[ReplayRecord]]:
+    """Every no-sync control of each (regime, seed), by control number."""
+    out: dict[tuple[str, int], list[ReplayRecord]] = {}
+    for rec in records:
+        if rec.is_no_sync:
+            out.setdefault(rec.key, []).append(rec)
+    return {key: sorted(recs, key=lambda r: r.control or 0) for key, recs in out.items()}
 
 
-def wall_inputs(record: ReplayRecord) -> tuple[pd.DataFrame, pd.DataFrame, Schedule]:
-    """The simulator's inputs for `record` on wall time: requests, timeline, schedule.
-
-    Requests are the record's (sorted by request_id, cut at `max_trace_s`)
-    with `arrival_s / time_scale`; the timeline's `t_s / time_scale`; merge
-    windows starting before `max_trace_s`, every time field divided by
-    `time_scale`.
-    """
-    scale = record.time_scale
-    req = record.by_id()
-    if record.max_trace_s is not None:
-        req = req[req["arrival_s"] < record.max_trace_s]
-    requests = pd.DataFrame({
-        "arrival_s": req["arrival_s"].to_numpy(dtype=float) / scale,
-        "prompt_tokens": req["prompt_tokens"].to_numpy(dtype=np.int64),
-        "output_tokens": req["output_tokens"].to_numpy(dtype=np.int64),
-    })  # fmt: skip
-    timeline = record.timeline.copy()
-    timeline["t_s"] = timeline["t_s"].to_numpy(dtype=float) / scale
-    s = record.schedule
-    schedule = s.model_copy(update=dict(
-        duration_s=s.duration_s / scale, window_s=s.window_s / scale, min_gap_s=s.min_gap_s / scale,
-        merge_starts_s=[x / scale for x in record.merge_starts_s],
-    ))  # fmt: skip
-    return requests, timeline, schedule
+def nearest_control_records(rec: ReplayRecord, controls: list[ReplayRecord]) -> list[ReplayRecord]:
+    """The seed's controls by distance from `rec` in replay order (the earlier first on a tie); the first
+    control alone leads when positions are unknown."""
+    if rec.position is None or any(c.position is None for c in controls):
+        return sorted(controls, key=lambda c: c.control or 0)
+    positions = {c.control or 0: c.position for c in controls}
+    order = nearest_controls(rec.position, positions)  # type: ignore[arg-type]
+    by_number = {c.control or 0: c for c in controls}
+    return [by_number[n] for n in order]
 
 
 def simulate_record(record: ReplayRecord, calibration: Calibration) -> ReplayRecord:
-    """`record` replayed by the simulator on its wall-time inputs; the result in the record's units.
+    """`record` replayed by the simulator on its own span and time scale; the result in the record's units.
 
     The simulated table keeps the real request ids and trace-second
-    `arrival_s`/`send_s` (the simulator sends on time), latencies in ms.
+    `arrival_s`/`send_s` (the simulator sends on time), latencies in wall ms.
     """
-    requests, timeline, schedule = wall_inputs(record)
-    sim = simulate_replay(requests, timeline, schedule, calibration, record.seed)
     ids = record.by_id()
-    if record.max_trace_s is not None:
-        ids = ids[ids["arrival_s"] < record.max_trace_s]
+    if record.span_s is not None:
+        ids = ids[ids["arrival_s"] < record.span_s]
+    requests = pd.DataFrame({
+        "arrival_s": ids["arrival_s"].to_numpy(dtype=float),
+        "prompt_tokens": ids["prompt_tokens"].to_numpy(dtype=np.int64),
+        "output_tokens": ids["output_tokens"].to_numpy(dtype=np.int64),
+    })  # fmt: skip
+    sim = simulate_at_time_scale(requests, record.timeline, record.replayed_schedule(), calibration, record.seed,
+                                 record.time_scale)
     sim["request_id"] = ids.index.to_numpy()
-    sim["arrival_s"] = ids["arrival_s"].to_numpy(dtype=float)
-    sim["send_s"] = sim["arrival_s"]
     return replace(record, results=sim)
 
 
 def read_vllm_records(params: Params, root: Path, seeds: Iterable[int] | None = None) -> list[ReplayRecord]:
     """Every complete vLLM replay (index and repeats) of the given seeds (None: all) as a `ReplayRecord`.
 
-    A replay marked invalid (too many failures or a late load generator,
-    `valid: false` in its summary) licenses nothing, and neither does the rest
-    of its seed: the paired measures need every replay of a seed, so the whole
-    seed is left out, with a warning naming it.
+    A replay marked invalid (too many failures, a late load generator, a busy
+    machine: `valid: false` in its summary) licenses nothing, and neither does
+    the rest of its seed: the paired measures need every replay of a seed, so
+    the whole seed is left out, with a warning naming it (`invalid_replays`
+    lists them for the reports).
     """
     root = Path(root)
     index_path = layout.at(root, VLLM_INDEX)
@@ -215,6 +218,7 @@ def read_vllm_records(params: Params, root: Path, seeds: Iterable[int] | None = 
                                             "rerun the replay-vllm stage")
         summary = read_summary(out)
         regime, seed = str(row["regime"]), int(row["seed"])
+        control = summary.get("control", (1 if row["_repeat"] else 0) if row["source"] == "no_sync" else None)
         if not summary.get("valid", True):
             invalid.add((regime, seed))
             warnings.warn(f"{out}: invalid replay ({summary.get('invalid_reason', 'marked invalid')}): "
@@ -224,11 +228,34 @@ def read_vllm_records(params: Params, root: Path, seeds: Iterable[int] | None = 
         records.append(ReplayRecord(
             regime=regime, seed=seed, label=record_label(str(row["path"])), results=read_requests(out),
             schedule=read_schedule(layout.at(root, row["schedule"])), timeline=timelines[regime, seed],
-            time_scale=float(summary.get("time_scale", cfg.time_scale)),
-            max_trace_s=float(summary.get("max_trace_s", cfg.max_trace_s)),
-            slo=SloSpec(**summary["slo"]) if summary.get("slo") else None, repeat=bool(row["_repeat"]),
+            time_scale=float(summary.get("time_scale", cfg.time_scale or 1.0)),
+            span_s=_span(summary), slo=SloSpec(**summary["slo"]) if summary.get("slo") else None,
+            control=None if control is None else int(control), position=summary.get("position"),
         ))  # fmt: skip
     return [r for r in records if (r.regime, r.seed) not in invalid]
+
+
+def _span(summary: dict) -> float | None:
+    """The replayed span of a summary (`span_s`; `max_trace_s` in replays written before the span was planned)."""
+    value = summary.get("span_s", summary.get("max_trace_s"))
+    return None if value is None else float(value)
+
+
+def invalid_replays(root: Path) -> list[dict]:
+    """Every vLLM replay marked invalid: regime, seed, replay path and why (empty without a vLLM index)."""
+    if not layout.at(root, VLLM_INDEX).is_file():
+        return []
+    index = read_vllm_index(root, columns=("regime", "seed", "path"))
+    out = []
+    for row in index.to_dict("records"):
+        replay = layout.at(root, row["path"])
+        if not (replay / layout.SUMMARY_FILE).is_file():
+            continue
+        summary = read_summary(replay)
+        if not summary.get("valid", True):
+            out.append({"regime": str(row["regime"]), "seed": int(row["seed"]), "path": str(row["path"]),
+                        "reason": str(summary.get("invalid_reason") or "marked invalid")})
+    return out
 
 
 def record_label(path: str) -> str:

@@ -54,9 +54,11 @@ def render_fit_report(calibration: Calibration, diagnostics: Mapping[str, object
         "",
         "## Mechanism gate (all real replays)",
         "",
-        "Merge-active: the request's no-sync twin lived through a merge window. Gate: the block-bootstrap lower 95 % "
-        f"bound of paired sync ratio / drift (no-sync repeated last vs first) must exceed "
-        f"{mechanism.gate_ratio_threshold:g}; a missing drift control fails it.",
+        "Merge-active: the request's arrival plus one nominal lifetime (the seed's first no-sync control's median "
+        "E2E) overlaps a merge window. Each replay with merges is paired with its nearest no-sync control and "
+        "the next-nearest (drift). Gate: the block-bootstrap 95 % bounds of paired sync ratio / drift against "
+        f"{mechanism.gate_ratio_threshold:g}: passed when the lower bound is above it, failed (decisively) when "
+        "the upper bound is below it, else inconclusive (underpowered when the plan's power missed its target).",
         "",
     ]
     for regime in sorted(mechanism.regimes):
@@ -64,6 +66,17 @@ def render_fit_report(calibration: Calibration, diagnostics: Mapping[str, object
         parts.append(f"- {regime}: the mechanism {verdict} on vLLM: {mechanism.describe(regime)}.")
     for regime in skipped:
         parts.append(f"- {regime}: not measured (no merge-active request).")
+    spread = [(regime, s.seed, ", ".join(fmt(v, 4) for v in s.p95_ms), fmt(s.p95_spread),
+               ", ".join(fmt(v) for v in s.slo_pct), fmt(s.slo_range_pp))
+              for regime, m in sorted(mechanism.regimes.items()) for s in m.no_sync_spread]
+    if spread:
+        parts += ["", "### Noise floor: the no-sync controls of each seed", "",
+                  markdown_table(["regime", "seed", "p95 ms per control", "p95 spread", "SLO % per control",
+                                  "SLO range pp"], spread)]
+    if mechanism.invalid_replays:
+        parts += ["", "### Invalid real replays (their seeds license nothing)", "",
+                  markdown_table(["regime", "seed", "replay", "why"],
+                                 [(r["regime"], r["seed"], r["path"], r["reason"]) for r in mechanism.invalid_replays])]
     return "\n".join(parts) + "\n"
 
 

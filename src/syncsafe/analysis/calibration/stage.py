@@ -28,16 +28,22 @@ from pydantic import ValidationError
 from syncsafe.analysis.calibration.fidelity import FIDELITY_COLUMNS, fidelity_evidence, save_cdf_figure
 from syncsafe.analysis.calibration.fit import CalibrationFit, fit_calibration
 from syncsafe.analysis.calibration.mechanism import mechanism_evidence, transfer_table
-from syncsafe.analysis.calibration.records import read_vllm_records, simulate_record
+from syncsafe.analysis.calibration.records import invalid_replays, read_vllm_records, simulate_record
 from syncsafe.analysis.calibration.report import render_fidelity_report, render_fit_report
 from syncsafe.analysis.evidence import FidelityEvidence, MechanismEvidence
 from syncsafe.artifacts import layout
-from syncsafe.artifacts.calibration import read_fit, read_server_profile, write_calibration_dir, write_fidelity_dir
+from syncsafe.artifacts.calibration import (
+    read_fit,
+    read_server_profile,
+    read_vllm_plan,
+    write_calibration_dir,
+    write_fidelity_dir,
+)
 from syncsafe.artifacts.replay_sets import read_set_index, read_summary
 from syncsafe.config import Params
 from syncsafe.control.serving_model import Calibration, simulator_calibration
 from syncsafe.serving.engine_profile import ServerProfile, max_num_seqs
-from syncsafe.serving.vllm_plan import vllm_seed_split
+from syncsafe.serving.vllm_plan import RealPlan, vllm_seed_split
 
 CALIBRATION_DIR = layout.CALIBRATION
 FIDELITY_DIR = layout.FIDELITY
@@ -85,7 +91,10 @@ def calibrate_fit_stage(params: Params, root: Path = Path(".")) -> FitResult:
     except ValueError as err:  # too little real data: the defaults stand, and the files say why
         fit, reason = CalibrationFit(base, {}), str(err)
     wall_s = time.perf_counter() - started
-    mechanism, skipped = mechanism_evidence(records, params.replay.high_pressure)
+    mechanism, skipped = mechanism_evidence(records, params.replay.high_pressure, params.analysis.gate_ratio_threshold,
+                                            slo_multiplier=params.replay.slo.multiplier,
+                                            plan=read_vllm_plan(root, RealPlan))
+    mechanism = mechanism.model_copy(update={"invalid_replays": invalid_replays(root)})
     sims = [simulate_record(r, fit.calibration) for r in fit_records]
     transfer = transfer_table(fit_records, sims, params.replay.high_pressure) if fit_records else pd.DataFrame()
     info = {

@@ -1,0 +1,206 @@
+"""How much load the real server takes, and the replay's load declared as a share of it.
+
+**Capacity** (`search_capacity`): open-loop probes of Poisson arrivals at a
+fixed rate (wall requests per second), `probe_s` long, with the regime's own
+token mix (prompt and output lengths drawn, seeded, from its request
+tables). The first probe, at a light rate, sets the reference TTFT p95; a
+rate is *sustained* when its TTFT p95 stays within `ttft_factor` times that
+reference and no request fails. Rates rise geometrically until one is not
+sustained, then two bisection steps narrow the knee. The capacity is the
+highest sustained rate probed.
+
+**Load scale** (`load_scale`): the regime's busiest window (`window_s` trace
+seconds of arrivals, over every seed of its request tables) has
+`peak_rate` requests per trace second. Replaying trace time `time_scale`
+times faster than wall time puts it at `peak_rate * time_scale` requests per
+wall second, so `time_scale = target_utilisation * capacity / peak_rate`
+sets the busiest window at the declared utilisation of the measured
+capacity. A fixed `time_scale` (params) is kept and its utilisation
+reported; one that puts the busiest window, or the median window (the
+quiet periods), above capacity is refused (`LoadError`): an overloaded
+queue, not merges, would decide the SLO.
+
+**Noise floor** (`noise_probe`): the same probe at the replay's busiest
+rate, sent twice (same arrivals, same prompts, no merge): per request the
+log ratio of the two E2E latencies. Its spread is the per-request noise
+the gate's power estimate assumes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field
+
+from syncsafe.errors import BadInput
+from syncsafe.serving.metrics import failed_mask
+
+#: Light-load probe as a share of the first capacity guess, growth per step and bisection steps.
+LIGHT_SHARE = 0.1
+GROWTH = 1.5
+BISECTIONS = 2
+MAX_PROBES = 16
+
+#: Sends one open-loop request table at a wall epoch; returns the load generator's rows.
+Sender = Callable[[pd.DataFrame, float], pd.DataFrame]
+
+
+class LoadError(BadInput):
+    """The declared load does not fit the measured server (one line naming the regime)."""
+
+
+class CapacityProbe(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rate_rps: float = Field(gt=0)
+    n_requests: int = Field(ge=0)
+    ttft_p95_ms: float | None
+    failure_rate: float = Field(ge=0, le=1)
+    sustained: bool
+
+
+class RegimeLoad(BaseModel):
+    """A regime's measured capacity and the time scale that sets its replay's load (see the module docstring)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    regime: str
+    capacity_rps: float = Field(gt=0)
+    ttft_bound_ms: float = Field(gt=0)
+    probes: list[CapacityProbe]
+    #: Busiest and median `window_s`-long window of arrivals over all seeds, requests per trace second.
+    peak_rate: float = Field(gt=0)
+    median_rate: float = Field(ge=0)
+    window_s: float = Field(gt=0)
+    time_scale: float = Field(gt=0)
+    #: `time_scale` came from params rather than from the target utilisation.
+    time_scale_fixed: bool = False
+    target_utilisation: float = Field(gt=0, le=1)
+    #: Busiest window's and median window's wall rate as a share of the capacity.
+    utilisation: float = Field(gt=0)
+    median_utilisation: float = Field(ge=0)
+    #: Per-request log E2E ratio of two identical no-merge probes at the busiest rate.
+    noise_log_ratios: list[float] = Field(default_factory=list)
+
+    @property
+    def noise_sd(self) -> float | None:
+        return float(np.std(self.noise_log_ratios, ddof=1)) if len(self.noise_log_ratios) > 1 else None
+
+
+def token_mix(requests: Sequence[pd.DataFrame]) -> pd.DataFrame:
+    """The (prompt, output) token pairs of a regime's request tables, pooled."""
+    frames = [r[["prompt_tokens", "output_tokens"]] for r in requests if len(r)]
+    if not frames:
+        raise LoadError("no requests to take a token mix from")
+    return pd.concat(frames, ignore_index=True)
+
+
+def poisson_requests(rate_rps: float, duration_s: float, mix: pd.DataFrame, seed: int) -> pd.DataFrame:
+    """Poisson arrivals at `rate_rps` over `duration_s` (wall seconds), token pairs drawn from `mix` (seeded)."""
+    rng = np.random.default_rng([seed, int(round(rate_rps * 1000)), 0xCA9])
+    n = max(int(rng.poisson(rate_rps * duration_s)), 1)
+    arrival = np.sort(rng.uniform(0.0, duration_s, n))
+    pick = rng.integers(0, len(mix), n)
+    return pd.DataFrame({"arrival_s": arrival, "prompt_tokens": mix["prompt_tokens"].to_numpy()[pick],
+                         "output_tokens": mix["output_tokens"].to_numpy()[pick]})
+
+
+def _ttft_p95(rows: pd.DataFrame) -> float | None:
+    ok = rows[~failed_mask(rows)]["ttft_ms"].to_numpy(dtype=float)
+    ok = ok[np.isfinite(ok)]
+    return float(np.percentile(ok, 95)) if ok.size else None
+
+
+def probe(send: Sender, rate_rps: float, duration_s: float, mix: pd.DataFrame, seed: int,
+          lead_s: float = 0.5) -> tuple[pd.DataFrame, float | None, float]:
+    """One open-loop probe: (load generator rows, TTFT p95 ms, failure rate)."""
+    rows = send(poisson_requests(rate_rps, duration_s, mix, seed), time.time() + lead_s)
+    return rows, _ttft_p95(rows), float(failed_mask(rows).mean()) if len(rows) else 1.0
+
+
+def search_capacity(send: Sender, mix: pd.DataFrame, first_guess_rps: float, probe_s: float, ttft_factor: float,
+                    seed: int = 0) -> tuple[float, float, list[CapacityProbe]]:
+    """(capacity rps, TTFT bound ms, probes) by the search of the module docstring."""
+    light = max(first_guess_rps * LIGHT_SHARE, 0.5)
+    _, reference, failures = probe(send, light, probe_s, mix, seed)
+    if reference is None or failures > 0:
+        raise LoadError(f"the server failed requests at a light load of {light:.2g} requests/s: no capacity to measure")
+    bound = ttft_factor * reference
+    probes = [CapacityProbe(rate_rps=light, n_requests=int(round(light * probe_s)), ttft_p95_ms=reference,
+                            failure_rate=failures, sustained=True)]
+
+    def run(rate: float) -> bool:
+        _, p95, fail = probe(send, rate, probe_s, mix, seed)
+        ok = p95 is not None and p95 <= bound and fail == 0
+        probes.append(CapacityProbe(rate_rps=rate, n_requests=int(round(rate * probe_s)), ttft_p95_ms=p95,
+                                    failure_rate=fail, sustained=ok))
+        return ok
+
+    good, bad = light, max(first_guess_rps * LIGHT_SHARE * GROWTH, light * GROWTH)
+    while len(probes) < MAX_PROBES and run(bad):
+        good, bad = bad, bad * GROWTH
+    for _ in range(BISECTIONS):
+        if len(probes) >= MAX_PROBES:
+            break
+        mid = (good * bad) ** 0.5
+        if run(mid):
+            good = mid
+        else:
+            bad = mid
+    return good, bound, probes
+
+
+def window_rates(arrivals: Sequence[np.ndarray], window_s: float, duration_s: float) -> np.ndarray:
+    """Requests per second in every `window_s` window (step window_s / 4) of every seed's arrivals."""
+    step = window_s / 4.0
+    starts = np.arange(0.0, max(duration_s - window_s, 0.0) + step / 2, step)
+    rates = []
+    for arrival in arrivals:
+        a = np.sort(np.asarray(arrival, dtype=float))
+        counts = np.searchsorted(a, starts + window_s, side="left") - np.searchsorted(a, starts, side="left")
+        rates.append(counts / window_s)
+    return np.concatenate(rates) if rates else np.empty(0)
+
+
+@dataclass(frozen=True)
+class LoadShape:
+    peak_rate: float
+    median_rate: float
+
+
+def load_shape(arrivals: Sequence[np.ndarray], window_s: float, duration_s: float) -> LoadShape:
+    rates = window_rates(arrivals, window_s, duration_s)
+    if rates.size == 0 or rates.max() <= 0:
+        raise LoadError("the regime has no arrivals to size a load from")
+    return LoadShape(float(rates.max()), float(np.median(rates)))
+
+
+def load_scale(regime: str, capacity_rps: float, shape: LoadShape, target_utilisation: float,
+               fixed_time_scale: float | None) -> tuple[float, float, float]:
+    """(time_scale, busiest-window utilisation, median-window utilisation); LoadError when overloaded."""
+    scale = fixed_time_scale if fixed_time_scale is not None else target_utilisation * capacity_rps / shape.peak_rate
+    peak_u = shape.peak_rate * scale / capacity_rps
+    median_u = shape.median_rate * scale / capacity_rps
+    if median_u > 1.0:
+        raise LoadError(f"regime {regime}: its quiet periods already exceed the server's capacity at time scale "
+                        f"{scale:.3g} ({shape.median_rate * scale:.3g} of {capacity_rps:.3g} requests/s); "
+                        "lower replay.vllm.time_scale or set it to null")
+    if peak_u > 1.0:
+        raise LoadError(f"regime {regime}: its busiest window exceeds the server's capacity at time scale {scale:.3g} "
+                        f"({peak_u:.0%}); lower replay.vllm.time_scale or set it to null")
+    return scale, peak_u, median_u
+
+
+def noise_probe(send: Sender, rate_rps: float, duration_s: float, mix: pd.DataFrame, seed: int) -> list[float]:
+    """Per-request log(E2E second / E2E first) of the same probe sent twice (see the module docstring)."""
+    first, _, _ = probe(send, rate_rps, duration_s, mix, seed)
+    second, _, _ = probe(send, rate_rps, duration_s, mix, seed)
+    ok = ~failed_mask(first) & ~failed_mask(second)
+    a = first["e2e_ms"].to_numpy(dtype=float)[ok]
+    b = second["e2e_ms"].to_numpy(dtype=float)[ok]
+    keep = np.isfinite(a) & np.isfinite(b) & (a > 0) & (b > 0)
+    return [float(v) for v in np.log(b[keep] / a[keep])]

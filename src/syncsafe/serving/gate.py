@@ -1,0 +1,184 @@
+"""The mechanism gate's statistic, its block-bootstrap bounds, and its power.
+
+The gate asks of a real server: are requests that live through a merge
+window slower than the same requests when no merge ran, by more than two
+no-merge replays of the same arrivals differ? Its data are `GatePairs`, one
+row per merge-active request of a replay with merges:
+
+- `mine`: the request's E2E in the replay with merges;
+- `twin`: the same request in the no-sync control nearest that replay;
+- `other`: the same request in the next-nearest no-sync control (the drift
+  control: no merge in either);
+- `block`: the block of consecutive arrivals it falls in (seed and block
+  index; bootstrap resamples whole blocks).
+
+Statistic (all ratios of p95 E2E over the pooled rows):
+`sync = p95(mine) / p95(twin)`, `drift = p95(other) / p95(twin)`,
+`gate = sync / max(drift, 1 / drift)`. Its 95 % bounds come from a block
+bootstrap (per seed, blocks drawn with replacement). A resample that draws
+no row has no statistic: it counts *against* the bound being claimed (as 0
+for the lower bound, as infinity for the upper), never skipped.
+
+Outcome against `threshold`: **passed** when the lower bound exceeds it,
+**failed** (decisively) when the upper bound is below it, else
+**inconclusive**. `gate_power` estimates, before any replay, the chance of
+*passed* for a planned design: synthetic pairs of the planned size at the
+expected effect (`mine = twin * effect * noise`), normal approximation on
+the log scale with the bootstrap's standard error:
+`power = Phi((E log gate - log threshold) / se - z_0.95)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from scipy import stats
+
+from syncsafe.schedules.schedule import Schedule
+from syncsafe.serving.metrics import p95_ratio
+
+#: Bootstrap resamples of the gate's interval and one-sided level of each bound.
+N_BOOTSTRAP = 1000
+ALPHA = 0.05
+#: Seed part of a block id: block = seed_index * BLOCK_STRIDE + arrival block.
+BLOCK_STRIDE = 1_000_000
+
+Outcome = Literal["passed", "failed", "inconclusive"]
+
+
+@dataclass(frozen=True)
+class GatePairs:
+    """Merge-active requests: E2E (ms) with merges, in the nearest and next-nearest no-sync control, and block."""
+
+    mine: np.ndarray
+    twin: np.ndarray
+    other: np.ndarray
+    block: np.ndarray
+
+    @staticmethod
+    def empty() -> GatePairs:
+        return GatePairs(np.empty(0), np.empty(0), np.empty(0), np.empty(0, dtype=np.int64))
+
+    @staticmethod
+    def concat(parts: Sequence[GatePairs]) -> GatePairs:
+        if not parts:
+            return GatePairs.empty()
+        return GatePairs(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("mine", "twin", "other", "block")))
+
+    def take(self, rows: np.ndarray) -> GatePairs:
+        return GatePairs(self.mine[rows], self.twin[rows], self.other[rows], self.block[rows])
+
+    @property
+    def size(self) -> int:
+        return int(self.mine.size)
+
+
+def block_ids(seed_index: int, arrival_s: np.ndarray, block_s: float) -> np.ndarray:
+    return seed_index * BLOCK_STRIDE + np.floor(np.asarray(arrival_s, dtype=float) / block_s).astype(np.int64)
+
+
+def merge_active(schedule: Schedule, arrival_s: np.ndarray, life_s: float) -> np.ndarray:
+    """Requests the gate counts as merge-active: [arrival, arrival + life_s) overlaps a merge window.
+
+    `life_s` is one nominal lifetime for every request of a seed (the median
+    E2E of its first no-sync control, in trace seconds): chosen by arrival
+    alone, so no request is selected by its own latency in any replay (a
+    request that happened to be slow in one control would otherwise be
+    picked more often and regress toward the mean in the others).
+    """
+    arrival = np.asarray(arrival_s, dtype=float)
+    return schedule.overlaps(arrival, arrival + life_s)
+
+
+def gate_statistic(pairs: GatePairs) -> tuple[float | None, float | None, float | None]:
+    """(sync ratio, drift ratio, gate ratio) of the pooled rows; None where a ratio is undefined."""
+    sync = p95_ratio(pairs.mine, pairs.twin)
+    drift = p95_ratio(pairs.other, pairs.twin)
+    if sync is None or drift is None:
+        return sync, drift, None
+    return sync, drift, sync / max(drift, 1.0 / drift)
+
+
+def bootstrap_gates(pairs: GatePairs, seed: int = 0, n_bootstrap: int = N_BOOTSTRAP) -> np.ndarray:
+    """The gate ratio of each block-bootstrap resample (NaN where a resample has no statistic)."""
+    blocks, inverse = np.unique(pairs.block, return_inverse=True)
+    rows_of = [np.flatnonzero(inverse == i) for i in range(blocks.size)]
+    seeds = blocks // BLOCK_STRIDE
+    per_seed = [np.flatnonzero(seeds == s) for s in np.unique(seeds)]
+    rng = np.random.default_rng([seed, 0x6A7E])
+    out = np.full(n_bootstrap, np.nan)
+    for b in range(n_bootstrap):
+        chosen = np.concatenate([rng.choice(idx, size=idx.size) for idx in per_seed]) if per_seed else []
+        rows = np.concatenate([rows_of[i] for i in chosen]) if len(chosen) else np.empty(0, dtype=np.int64)
+        if rows.size:
+            g = gate_statistic(pairs.take(rows))[2]
+            out[b] = np.nan if g is None else g
+    return out
+
+
+def gate_bounds(pairs: GatePairs, seed: int = 0, n_bootstrap: int = N_BOOTSTRAP) -> tuple[float | None, float | None]:
+    """One-sided 95 % (lower, upper) bounds of the gate ratio; None without any row."""
+    if pairs.size == 0:
+        return None, None
+    gates = bootstrap_gates(pairs, seed, n_bootstrap)
+    lower = np.quantile(np.where(np.isnan(gates), 0.0, gates), ALPHA, method="inverted_cdf")
+    upper = np.quantile(np.where(np.isnan(gates), np.inf, gates), 1.0 - ALPHA, method="inverted_cdf")
+    return (float(lower) if lower > 0 else None), (float(upper) if np.isfinite(upper) else None)
+
+
+def gate_outcome(lower: float | None, upper: float | None, threshold: float) -> Outcome:
+    """passed: lower bound above the threshold; failed: upper bound below it; else inconclusive."""
+    if lower is not None and lower > threshold:
+        return "passed"
+    if upper is not None and upper < threshold:
+        return "failed"
+    return "inconclusive"
+
+
+@dataclass(frozen=True)
+class GatePower:
+    """A gate's planned power: chance of *passed* at the expected effect, and what it rests on."""
+
+    power: float
+    #: Mean and standard deviation of the log gate ratio over the synthetic realisations.
+    log_gate: float
+    sd: float
+    #: Mean distance, on the log scale, from a realisation's gate ratio down to its bootstrap lower bound.
+    margin: float
+    n_pairs: int
+
+    @property
+    def expected_gate(self) -> float:
+        return float(np.exp(self.log_gate))
+
+
+def gate_power(designs: Sequence[GatePairs], threshold: float, seed: int = 0, n_bootstrapped: int = 16,
+               n_bootstrap: int = 400) -> GatePower:
+    """Power of the gate over synthetic realisations of one planned design (see the module docstring).
+
+    Each element of `designs` is one noisy realisation of the planned pairs at
+    the expected effect. Their log gate ratios give its mean and spread; the
+    first `n_bootstrapped` are bootstrapped to find how far below the point
+    estimate the lower bound sits (the `margin`). The gate passes when
+    `log gate - margin > log threshold`: `power = Phi((mean - margin - log threshold) / sd)`.
+    """
+    n_pairs = int(np.mean([p.size for p in designs])) if designs else 0
+    logs = [np.log(g) for p in designs if (g := gate_statistic(p)[2]) is not None]
+    if len(logs) < 2 or len(logs) < len(designs):  # a realisation without a statistic: the plan cannot decide
+        return GatePower(power=0.0, log_gate=float("nan"), sd=float("nan"), margin=float("nan"), n_pairs=n_pairs)
+    margins = []
+    for i, pairs in enumerate(designs[:n_bootstrapped]):
+        lower = np.quantile(np.nan_to_num(bootstrap_gates(pairs, seed + i, n_bootstrap), nan=0.0), ALPHA,
+                            method="inverted_cdf")
+        margins.append(logs[i] - np.log(lower) if lower > 0 else np.inf)
+    mean, sd, margin = float(np.mean(logs)), float(np.std(logs, ddof=1)), float(np.mean(margins))
+    if not np.isfinite(margin):
+        power = 0.0
+    elif sd > 0:
+        power = float(stats.norm.cdf((mean - margin - np.log(threshold)) / sd))
+    else:
+        power = float(mean - margin > np.log(threshold))
+    return GatePower(power=power, log_gate=mean, sd=sd, margin=margin, n_pairs=n_pairs)

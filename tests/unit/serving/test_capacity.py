@@ -1,0 +1,97 @@
+"""Capacity search, load scale and the noise probe's arithmetic (the search on the real server: tests/integration/test_vllm.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from syncsafe.serving.capacity import (
+    LoadError,
+    LoadShape,
+    load_scale,
+    load_shape,
+    noise_probe,
+    poisson_requests,
+    search_capacity,
+    window_rates,
+)
+
+MIX = pd.DataFrame({"prompt_tokens": [40, 60, 80], "output_tokens": [20, 30, 40]})
+
+
+def queue_sender(capacity: float, base_ms: float = 10.0):
+    """A sender whose TTFT grows like an M/M/1 queue's wait as the offered rate nears `capacity`."""
+    sent: list[float] = []
+
+    def send(requests: pd.DataFrame, epoch: float) -> pd.DataFrame:
+        duration = float(requests["arrival_s"].max()) if len(requests) else 1.0
+        rate = len(requests) / max(duration, 1e-9)
+        sent.append(rate)
+        wait = base_ms / max(1.0 - rate / capacity, 1e-3)
+        ttft = np.full(len(requests), wait) * np.linspace(0.9, 1.1, len(requests))
+        return pd.DataFrame({"ttft_ms": ttft, "e2e_ms": ttft * 3, "error": [""] * len(requests)})
+
+    return send, sent
+
+
+def test_the_search_finds_the_knee_within_a_bisection_step():
+    send, sent = queue_sender(capacity=50.0)
+    capacity, bound, probes = search_capacity(send, MIX, first_guess_rps=30.0, probe_s=20.0, ttft_factor=3.0)
+    assert bound == pytest.approx(3 * probes[0].ttft_p95_ms)
+    # sustained while wait <= 3x the light-load wait: 1 - rate / 50 >= (1 - light / 50) / 3
+    knee = 50.0 * (1 - (1 - probes[0].rate_rps / 50.0) / 3)
+    assert 0.75 * knee <= capacity <= knee * 1.05
+    assert probes[0].rate_rps == pytest.approx(3.0) and all(p.sustained for p in probes if p.rate_rps <= capacity)
+    assert any(not p.sustained for p in probes) and len(probes) <= 16
+
+
+def test_a_server_that_fails_at_light_load_is_refused():
+    def failing(requests, epoch):
+        return pd.DataFrame({"ttft_ms": np.nan, "e2e_ms": np.nan, "error": ["HTTP 500"] * len(requests)})
+
+    with pytest.raises(LoadError, match="failed requests at a light load"):
+        search_capacity(failing, MIX, 10.0, 5.0, 3.0)
+
+
+def test_poisson_probes_are_seeded_with_the_mix():
+    a = poisson_requests(20.0, 10.0, MIX, seed=1)
+    assert a.equals(poisson_requests(20.0, 10.0, MIX, seed=1))
+    assert 150 < len(a) < 250 and a["arrival_s"].is_monotonic_increasing and a["arrival_s"].max() < 10.0
+    assert set(a["prompt_tokens"]) <= {40, 60, 80}
+
+
+def test_window_rates_and_the_busiest_window():
+    arrivals = [np.arange(0.0, 100.0, 1.0), np.concatenate([np.arange(0.0, 50.0, 1.0), np.arange(50.0, 58.0, 0.25)])]
+    rates = window_rates(arrivals, 8.0, 100.0)
+    assert rates.max() == pytest.approx(4.0) and np.median(rates) == pytest.approx(1.0)
+    shape = load_shape(arrivals, 8.0, 100.0)
+    assert (shape.peak_rate, shape.median_rate) == (pytest.approx(4.0), pytest.approx(1.0))
+
+
+def test_the_time_scale_puts_the_busiest_window_at_the_target_utilisation():
+    scale, peak_u, median_u = load_scale("bursty", 60.0, LoadShape(6.0, 1.5), 0.7, None)
+    assert scale == pytest.approx(7.0) and peak_u == pytest.approx(0.7) and median_u == pytest.approx(0.175)
+
+
+def test_a_fixed_time_scale_that_overloads_the_server_is_refused_in_one_line():
+    with pytest.raises(LoadError, match="regime bursty: its busiest window exceeds") as err:
+        load_scale("bursty", 60.0, LoadShape(6.0, 1.5), 0.7, 12.0)
+    assert "\n" not in str(err.value)
+    with pytest.raises(LoadError, match="regime azure_conv: its quiet periods already exceed"):
+        load_scale("azure_conv", 10.0, LoadShape(6.0, 3.0), 0.7, 4.0)
+    assert load_scale("bursty", 60.0, LoadShape(6.0, 1.5), 0.7, 8.0)[1] == pytest.approx(0.8)
+
+
+def test_the_noise_probe_pairs_the_same_requests():
+    calls = []
+
+    def send(requests, epoch):
+        calls.append(requests)
+        scale = 1.0 if len(calls) == 1 else 1.1
+        return pd.DataFrame({"ttft_ms": 5.0, "e2e_ms": 50.0 * scale * np.ones(len(requests)),
+                             "error": [""] * len(requests)})
+
+    logs = noise_probe(send, 10.0, 5.0, MIX, seed=0)
+    assert calls[0].equals(calls[1]) and len(logs) == len(calls[0])
+    assert np.allclose(logs, np.log(1.1))

@@ -1,0 +1,87 @@
+"""Sizing the real arm's plan: power from simulated planned replays, the budget, and informative spans."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from syncsafe.control.serving_model import Calibration
+from syncsafe.schedules.action_space import ActionSpace
+from syncsafe.schedules.schedule import Schedule
+from syncsafe.schedules.span import span_count
+from syncsafe.serving.plan_sizing import RegimeDesign, SeedInputs, expected_pairs, informative, size_plans, wall_s
+
+pytestmark = pytest.mark.slow  # each plan evaluates the power of several spans (about a minute in all)
+
+SPACE = ActionSpace.of_controller(step_s=5.0, min_h=4, max_h=16, window_s=8.0, duration_s=240.0)
+SERVER = Calibration(iter_base_ms=3.0, prefill_ms_per_token=0.01, decode_ms_per_seq=0.3, merge_compute_share=0.7,
+                     pressure_slowdown=0.0, residual_sigma=0.0)
+
+
+def seed_inputs(seed: int) -> SeedInputs:
+    rng = np.random.default_rng(seed)
+    t = np.arange(0.0, 240.0, 0.5)
+    timeline = pd.DataFrame({"t_s": t, "busy": False, "arrival_rate": 4.0, "inference_pressure": 0.2,
+                             "network_pressure": 0.1, "checkpoint_pressure": 0.0})
+    arrival = np.sort(rng.uniform(0.0, 240.0, 960))
+    requests = pd.DataFrame({"arrival_s": arrival, "prompt_tokens": 48, "output_tokens": 24})
+    make = lambda policy, source, starts: Schedule(  # noqa: E731
+        regime="bursty", policy=policy, seed=seed, source=source, duration_s=240.0, window_s=8.0, min_gap_s=10.0,
+        merge_starts_s=starts)
+    controllers = {"primary": make("primary", "train", SPACE.sample(6, rng)),
+                   "second": make("second", "train", SPACE.sample(7, rng))}
+    return SeedInputs(seed, requests, timeline, controllers, make("no_sync", "no_sync", []))
+
+
+def design(time_scale: float = 4.0, noise_sd: float = 0.05) -> RegimeDesign:
+    noise = np.random.default_rng(9).normal(0.0, noise_sd * np.sqrt(2.0), 400)
+    return RegimeDesign(regime="bursty", seeds=[seed_inputs(s) for s in range(3)], space=SPACE, time_scale=time_scale,
+                        prior=SERVER, noise_log_ratios=noise, controls=3)
+
+
+def test_the_planned_pairs_come_from_the_very_draws_the_replay_makes():
+    d = design()
+    pairs = expected_pairs(d, ["primary"], 120.0, draws=2)
+    assert pairs.size > 0 and (pairs.mine >= pairs.twin - 1e-9).all()
+    assert np.array_equal(pairs.other, pairs.twin)  # noise-free: the controls agree
+    assert expected_pairs(d, ["primary"], 120.0, draws=2).size == pairs.size  # seeded draws
+
+
+def test_the_plan_fits_its_budget_and_adds_controllers_only_while_it_fits():
+    d = {"bursty": design()}
+    small = size_plans(d, ["primary", "second"], budget_s=400.0, threshold=1.05, power_target=0.8, max_draws=2)
+    plan = small["bursty"]
+    assert plan.wall_s <= 400.0 and plan.controllers == ["primary"] and plan.draws == 2
+    assert plan.power.power >= 0.8 and informative(d["bursty"], "primary", plan.span_s)
+    large = size_plans(d, ["primary", "second"], budget_s=2000.0, threshold=1.05, power_target=0.8, max_draws=2)
+    assert large["bursty"].controllers == ["primary", "second"] and large["bursty"].draws == 2
+    assert large["bursty"].span_s >= plan.span_s and large["bursty"].wall_s <= 2000.0
+
+
+def test_draws_give_way_before_the_span_does_and_an_impossible_budget_says_underpowered():
+    d = {"bursty": design()}
+    two = size_plans(d, ["primary"], budget_s=400.0, threshold=1.05, power_target=0.8, max_draws=2)["bursty"]
+    one = size_plans(d, ["primary"], budget_s=300.0, threshold=1.05, power_target=0.8, max_draws=2)["bursty"]
+    assert (two.draws, one.draws) == (2, 1) and one.wall_s <= 300.0 and one.power.power >= 0.8
+    none = size_plans(d, ["primary"], budget_s=5.0, threshold=1.05, power_target=0.8, max_draws=2)["bursty"]
+    assert none.draws == 1 and none.power.power < 0.8
+
+
+def test_a_fixed_span_is_kept_and_its_power_stated():
+    d = {"bursty": design()}
+    sized = size_plans(d, ["primary"], budget_s=900.0, threshold=1.05, power_target=0.8, max_draws=2,
+                       fixed_span_s=100.0)["bursty"]
+    assert sized.span_s == 100.0 and sized.wall_s == pytest.approx(wall_s(d["bursty"], 1, sized.draws, 100.0))
+    assert 0.0 <= sized.power.power <= 1.0
+
+
+def test_a_span_where_the_draws_must_copy_the_controller_is_not_informative():
+    d = design()
+    first = min(s.controllers["primary"].merge_starts_s[0] for s in d.seeds)
+    assert not informative(d, "primary", first)  # no merge inside yet on some seed
+    spans = [g for g in np.arange(5.0, 240.0, 5.0) if informative(d, "primary", g)]
+    assert spans, "some span is informative"
+    for seed in d.seeds:
+        s = seed.controllers["primary"]
+        assert span_count(s.merge_starts_s, 8.0, spans[0]).merges >= 1
