@@ -140,23 +140,15 @@ def safe_name(text: str) -> str:
 
 
 def shell_env(run: dict[str, str]) -> str:
-    """The exports every stage command starts with."""
-    exports = {
-        "SYNCSAFE_PIPELINE_RUN_ID": run["pipeline_run_id"],
+    """The exports every stage command starts with: every value shell-quoted (`shlex.quote`), so nothing in
+    a run id, a path or a URI is expanded or executed; only the shell's own $PATH and $MLFLOW_TRACKING_URI are."""
+    return "\n".join([
+        "set -euo pipefail",
+        f"export SYNCSAFE_PIPELINE_RUN_ID={shlex.quote(run['pipeline_run_id'])}",
         # the pipeline's tools first on PATH (DVC stages call `python stages/...`)
-        "PATH": f"{Path(run['python']).parent}:$PATH",
-    }
-    lines = ["set -euo pipefail"]
-    lines += [f"export {k}={_quote_keep_vars(v)}" for k, v in exports.items()]
-    lines.append(f'export MLFLOW_TRACKING_URI="${{MLFLOW_TRACKING_URI:-{run["mlflow_default"]}}}"')
-    return "\n".join(lines)
-
-
-def _quote_keep_vars(value: str) -> str:
-    # double quotes keep $PATH expanding; nothing else in these values is special
-    if any(c in value for c in '"`\\'):
-        return shlex.quote(value)
-    return f'"{value}"'
+        f'export PATH={shlex.quote(str(Path(run["python"]).parent))}:"$PATH"',
+        f'if [ -z "${{MLFLOW_TRACKING_URI:-}}" ]; then export MLFLOW_TRACKING_URI={shlex.quote(run["mlflow_default"])}; fi',
+    ])
 
 
 def stage_command(run: dict[str, str], *args: str, params: str | None = "params.yaml") -> str:

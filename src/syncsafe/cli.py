@@ -192,7 +192,8 @@ def analyze(
         str | None, typer.Option("--primary", help="declared primary test as POLICY@REGIME; default: none (one Holm family)")
     ] = None,
     alpha: Annotated[
-        float | None, typer.Option("--alpha", min=0.0, max=1.0, help="family-wise alpha; default: params analysis.alpha")
+        float | None, typer.Option("--alpha", min=0.0, max=0.1,
+                                   help="family-wise alpha (at most 0.1); default: params analysis.alpha")
     ] = None,
     params: ParamsOpt = Path("params.yaml"),
     root: RootOpt = Path("."),
@@ -216,14 +217,24 @@ def analyze(
 
     if out is None:
         raise ConfigError("--out is required with --runs")
+    settings = _analysis_settings(params)
     result = analyze_runs(
         runs, out,
         mechanism=_evidence_file(MechanismEvidence, mechanism, "--mechanism"),
         fidelity=_evidence_file(FidelityEvidence, fidelity, "--fidelity"),
         primary=_primary_option(primary),
-        alpha=0.05 if alpha is None else alpha,
+        alpha=settings.alpha if alpha is None else alpha, loss_margin=settings.loss_margin,
+        targets=settings.fidelity, gate_ratio_threshold=settings.gate_ratio_threshold,
     )
     typer.echo(summary(result.policy_table, result.files, out))
+
+
+def _analysis_settings(params: Path):  # noqa: ANN202 - returns AnalysisConfig
+    """The protocol's settings (alpha, loss margin, fidelity targets, gate threshold) from `params`, or the
+    schema's defaults when there is no params file (a runs table analysed outside a pipeline checkout)."""
+    from syncsafe.config import AnalysisConfig
+
+    return load_params(params).analysis if Path(params).is_file() else AnalysisConfig()
 
 
 def _evidence_file(model: type, path: Path | None, option: str):  # noqa: ANN202 - returns an instance of `model`
@@ -272,6 +283,10 @@ def compare(
 
     if fmt not in ("md", "csv"):
         raise BadInput(f"--format {fmt!r}: expected md or csv")
+    from syncsafe.pipeline.declarations import STAGES
+
+    if stage is not None and stage not in {s.name for s in STAGES}:
+        raise BadInput(f"--stage {stage!r}: not a stage of this pipeline (have {', '.join(s.name for s in STAGES)})")
     try:
         table = compare_table(regime, metric, stage=stage, pipeline_run=pipeline_run, root=root)
     except TrackingError as err:

@@ -7,8 +7,9 @@ them into one line on stderr and an exit code, never a traceback.
   what the stage expects. The message names the key, argument, file or column
   and what was expected; nothing is written.
 - exit 3: a lost island (`syncsafe.diloco.launch.IslandLost`).
-- anything else that fails a run (a server that dies, a process that fails):
-  exit 1.
+- anything else that fails a run (a server that dies, a process that fails,
+  an unexpected exception): exit 1, one line naming it.
+- Ctrl-C: exit 130.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_ISLAND_LOST = 3
+EXIT_INTERRUPTED = 130
 
 
 class BadInput(ValueError):

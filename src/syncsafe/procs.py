@@ -1,5 +1,6 @@
-"""Small helpers for the subprocesses stages launch: a free loopback port, a log's tail,
-a loopback-only torch.distributed store, and tying a child's life to its parent's.
+"""Small helpers for the subprocesses stages launch: loopback ports and listening sockets, a log's
+tail, a loopback-only torch.distributed store, scratch folders reaped once their process is gone,
+and tying a child's life to its parent's.
 
 On one machine every listening socket the pipeline opens is on 127.0.0.1:
 `LOOPBACK_ENV` is what island and interference processes get (gloo binds to
@@ -11,11 +12,16 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
+import shutil
 import signal
 import socket
+import tempfile
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+
+from syncsafe.artifacts import layout
 
 LOOPBACK = "127.0.0.1"
 #: Environment of a process group that must only listen on loopback.
@@ -34,10 +40,83 @@ _PRCTL = _load_prctl()
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    """A TCP port on 127.0.0.1 that nothing listens on right now.
+
+    Another process may take it before the caller binds it: where this process or a child serves the
+    port itself, bind first (`listening_socket`) and hand the socket over; where a foreign program binds
+    it (the vLLM server), retry with a new port when it reports the address in use
+    (`ADDRESS_IN_USE`)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((LOOPBACK, 0))
         return s.getsockname()[1]
+
+
+#: What a server that lost its port to another process says (errno 98, EADDRINUSE).
+ADDRESS_IN_USE = "Address already in use"
+#: Environment variable carrying a listening socket's descriptor to the child that serves the store.
+STORE_FD_ENV = "SYNCSAFE_STORE_FD"
+
+
+def listening_socket() -> socket.socket:
+    """A TCP socket already listening on 127.0.0.1 on a port the kernel chose (no window for another process)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((LOOPBACK, 0))
+    sock.listen(128)
+    return sock
+
+
+#: Unix socket paths may not exceed this many bytes (a server's IPC sockets live in its scratch folder).
+MAX_SOCKET_PATH = 107
+#: Room a scratch folder leaves for the socket names a server puts in it.
+SOCKET_NAME_ROOM = 48
+TMP_SCRATCH_PREFIX = "syncsafe-"
+
+
+def scratch_dir(root: Path, kind: str, sockets: bool = False) -> Path:
+    """A new scratch folder for this process: `logs/scratch/<kind>-<pid>-<random>` under the project, reaped
+    by `reap_scratch` once this pid is gone. With `sockets`, a folder whose path leaves room for Unix socket
+    names: under the system's temporary folder (`syncsafe-<kind>-<pid>-...`) when the project's is too deep."""
+    base = Path(root).resolve() / layout.SCRATCH
+    prefix = f"{kind}-{os.getpid()}-"
+    if sockets and len(str(base)) + len(prefix) + 10 + SOCKET_NAME_ROOM > MAX_SOCKET_PATH:
+        return Path(tempfile.mkdtemp(prefix=f"{TMP_SCRATCH_PREFIX}{prefix}"))
+    base.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+
+
+def reap_scratch(root: Path) -> list[Path]:
+    """Remove the scratch folders (project and system temporary ones) whose process is gone; return them."""
+    candidates = list((Path(root) / layout.SCRATCH).glob("*-*-*"))
+    candidates += Path(tempfile.gettempdir()).glob(f"{TMP_SCRATCH_PREFIX}*-*-*")
+    reaped = []
+    for path in candidates:
+        pid = _owner(path.name.removeprefix(TMP_SCRATCH_PREFIX))
+        if pid is not None and not _alive(pid):
+            shutil.rmtree(path, ignore_errors=True)
+            reaped.append(path)
+    return reaped
+
+
+def _owner(name: str) -> int | None:
+    parts = name.split("-")
+    return int(parts[1]) if len(parts) >= 3 and parts[1].isdigit() else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def redact(text: str) -> str:
+    """`text` (a URI, a command line) without any ``user:password@`` of the URIs in it: what a log, an
+    error message or a listing may show."""
+    return re.sub(r"//[^/@\s]*@", "//***@", text)
 
 
 def log_tail(path: Path, lines: int = 25) -> str:
@@ -48,18 +127,33 @@ def log_tail(path: Path, lines: int = 25) -> str:
         return "(no log written)"
 
 
-def loopback_store(rank: int, world_size: int, port: int, timeout: timedelta) -> Any:
-    """A torch.distributed TCPStore whose server (rank 0) listens on 127.0.0.1 only."""
+def loopback_store(rank: int, world_size: int, port: int, timeout: timedelta,
+                   listener: socket.socket | None = None) -> Any:
+    """A torch.distributed TCPStore whose server (rank 0) listens on 127.0.0.1 only.
+
+    Rank 0 serves on `listener` (a `listening_socket` bound by whoever chose `port`, handed over: nobody can
+    take the port in between); without one it binds `port` itself."""
     import torch.distributed as dist
 
     fd = None
     if rank == 0:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((LOOPBACK, port))
-        sock.listen(128)
+        sock = listener if listener is not None else _listen_on(port)
         fd = sock.detach()  # the store owns the socket from here
     return dist.TCPStore(LOOPBACK, port, world_size, rank == 0, timeout, master_listen_fd=fd)
+
+
+def inherited_listener() -> socket.socket | None:
+    """The listening socket a parent handed to this process (`STORE_FD_ENV`), if any."""
+    fd = os.environ.get(STORE_FD_ENV)
+    return socket.socket(fileno=int(fd)) if fd else None
+
+
+def _listen_on(port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((LOOPBACK, port))
+    sock.listen(128)
+    return sock
 
 
 def die_with_parent(parent: int, sig: int = signal.SIGTERM) -> None:

@@ -219,9 +219,26 @@ def test_pipeline_run_id_and_stage_commands_are_shell_safe() -> None:
     cmd = sup.stage_command(run, "train", "--regime", "bursty", "--policy", "fixed_h", "--seed", "0")
     assert "cd '/tmp/a dir/run'" in cmd
     assert cmd.splitlines()[-1].startswith("exec /x/.venv/bin/python -m syncsafe.cli train --regime bursty")
-    assert 'SYNCSAFE_PIPELINE_RUN_ID="airflow-syncsafe_nightly-manual__2026-01-01T00:00:00+00:00"' in cmd
+    assert "SYNCSAFE_PIPELINE_RUN_ID=airflow-syncsafe_nightly-manual__2026-01-01T00:00:00+00:00" in cmd
     assert sup.stage_command(run, "replay", "index", params=None).endswith("replay index --root .")
     assert re.fullmatch(r"[A-Za-z0-9._-]+", sup.safe_name("manual__2026-01-01T00:00:00+00:00"))
+
+
+def test_no_value_in_the_stage_environment_is_expanded_or_executed(tmp_path: Path) -> None:
+    """Every value shell-quoted: a run id or URI carrying $(...), backticks or quotes reaches the stage as written."""
+    canary = tmp_path / "ran"
+    hostile = f'x$(touch {canary})`touch {canary}`"$HOME' + "'"
+    run = {"workdir": str(tmp_path), "python": f"/bin/$(touch {canary})/python", "pipeline_run_id": hostile,
+           "mlflow_default": f"sqlite:///{tmp_path}/$(touch {canary}).db"}
+    script = sup.shell_env(run) + '\nprintf "%s\\n%s\\n%s" "$SYNCSAFE_PIPELINE_RUN_ID" "$MLFLOW_TRACKING_URI" "$PATH"'
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, check=True)
+    run_id, uri, path = done.stdout.split("\n")
+    assert run_id == hostile and uri == run["mlflow_default"] and not canary.exists()
+    assert path.startswith(f"/bin/$(touch {canary}):") and path.endswith(os.environ["PATH"])
+    env["MLFLOW_TRACKING_URI"] = "http://127.0.0.1:5000"  # a URI from the environment wins over the default
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, check=True)
+    assert done.stdout.split("\n")[1] == "http://127.0.0.1:5000"
 
 
 # --------------------------------------------------------------------------- DAG runs
@@ -328,7 +345,11 @@ def test_repro_dag_runs_dvc_repro_and_reports_the_metrics_diff(airflow_home: Pat
     states = _task_states(airflow_home, "syncsafe_repro")
     assert set(states.values()) == {"success"}, states
     assert (clone / "dvc.lock").is_file() and "traces@bursty" in (clone / "dvc.lock").read_text()
-    assert any((clone / "data" / "traces").iterdir())
+    params = yaml.safe_load((clone / "params.yaml").read_text())
+    traces = clone / "data" / "traces"
+    assert sorted(p.name for p in traces.iterdir()) == sorted(params["regimes"])  # every regime's traces
+    for regime in params["regimes"]:
+        assert sorted(p.name for p in (traces / regime).iterdir()) == sorted(f"seed-{s}" for s in params["seeds"])
     assert "dvc metrics diff" in done.stdout + done.stderr
     with sqlite3.connect(airflow_home / "airflow.db") as db:
         (value,) = db.execute("select value from xcom where dag_id = 'syncsafe_repro' and task_id = 'metrics_diff' "

@@ -86,6 +86,31 @@ def test_gpu_profile_replay_of_an_absent_hub_model_exits_2_naming_it(tmp_path, m
     raw["train"]["hub"]["model"] = "SomeOrg/never-downloaded"
     with pytest.raises(BadInput, match="'SomeOrg/never-downloaded' is not in the local Hugging Face cache"):
         served_model(parse_params(raw), tmp_path)
+    # and the train stage refuses it before any island starts: exit 2, one line naming it
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    assert CliRunner().invoke(app, ["traces", "--regime", "bursty", "--params", str(path), "--root", str(tmp_path)]
+                              ).exit_code == 0
+    result = CliRunner().invoke(app, ["train", "--regime", "bursty", "--params", str(path), "--root", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert "train.hub.model: hub model 'SomeOrg/never-downloaded'" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "logs" / "train").exists(), "no island was started"
+
+
+@pytest.mark.slow
+def test_bad_input_an_island_finds_is_exit_2_naming_it_not_a_lost_island(tmp_path, monkeypatch):
+    """A dataset too small to shard passes the launcher's check (it has documents) and fails in the islands:
+    the stage exits 2 with the island's line, never 3 ("island lost")."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    params = _gpu_params(tmp_path)
+    raw = yaml.safe_load(params.read_text())
+    raw["train"]["hub"]["dataset"] = str(_dataset(tmp_path / "one-doc", n_docs=1))
+    params.write_text(yaml.safe_dump(raw))
+    root = tmp_path / "project"
+    assert CliRunner().invoke(app, ["traces", "--params", str(params), "--root", str(root)]).exit_code == 0
+    result = CliRunner().invoke(app, ["train", "--params", str(params), "--root", str(root)])
+    assert result.exit_code == 2, result.output
+    assert "fewer than" in result.output and "documents" in result.output and "island lost" not in result.output
 
 
 def test_local_dataset_shards_round_robin_and_repeat(tmp_path):

@@ -16,6 +16,7 @@ except under CI, where a skip would hide a missing install step.
 from __future__ import annotations
 
 import json
+import stat
 import os
 import shutil
 import subprocess
@@ -104,6 +105,21 @@ def test_everything_listens_on_loopback_only(team: stack.Layout) -> None:
     sockets = [c for c in psutil.net_connections("inet") if c.status == psutil.CONN_LISTEN and c.pid in ours]
     assert {c.laddr.port for c in sockets} >= set(state["ports"].values())
     assert {c.laddr.ip for c in sockets} == {"127.0.0.1"}, sockets
+
+
+def test_secrets_stay_out_of_command_lines_logs_and_other_users_reach(team: stack.Layout) -> None:
+    state = stack.load(team)
+    secrets = [v for v in state["secrets"].values() if len(v) >= 16]
+    for path in (team.state, team.airflow_home / "passwords.json"):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    for name, record in state["processes"].items():
+        proc = psutil.Process(int(record["pid"]))
+        for member in [proc, *proc.children(recursive=True)]:
+            cmdline = " ".join(member.cmdline())
+            assert not any(secret in cmdline for secret in secrets), f"{name}: a secret in its command line"
+    for log in team.root.rglob("*.log"):
+        text = log.read_text(errors="replace")
+        assert not any(secret in text for secret in secrets), f"{log}: a secret in the log"
 
 
 def test_nightly_runs_train_on_the_gpu_worker(nightly: tuple[str, list[dict]]) -> None:

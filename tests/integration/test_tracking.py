@@ -201,10 +201,39 @@ def test_failed_stage_body_marks_stage_run_failed_and_logs_no_items(store: Path)
     assert kinds == {"pipeline": "FAILED", "stage": "FAILED"}
 
 
+def test_a_failed_stage_whose_run_cannot_be_closed_still_fails_its_parent(store: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each run is terminated on its own: a store error closing the stage run leaves the parent FAILED,
+    not RUNNING."""
+    from mlflow import MlflowClient
+
+    real = MlflowClient.set_terminated
+    refused: list[str] = []
+
+    def refuse_stage_runs(self, run_id, status=None, end_time=None):
+        if self.get_run(run_id).data.tags.get(tracking.TAG_KIND) == "stage":
+            refused.append(run_id)
+            raise RuntimeError("store hiccup")
+        return real(self, run_id, status, end_time)
+
+    monkeypatch.setattr(MlflowClient, "set_terminated", refuse_stage_runs)
+    with pytest.raises(RuntimeError, match="boom"):
+        with tracked_stage("train", root=store, params={"profile": "cpu"}):
+            raise RuntimeError("boom")
+    monkeypatch.setattr(MlflowClient, "set_terminated", real)
+    c = client(store)
+    runs = c.search_runs([c.get_experiment_by_name("syncsafe").experiment_id])
+    kinds = {r.data.tags[tracking.TAG_KIND]: r.info.status for r in runs}
+    assert refused and kinds["pipeline"] == "FAILED"
+
+
 def test_system_metrics_sampled_on_stage_run(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.2")
     with tracked_stage("train", root=store, system_metrics=True, collect=False) as st:
-        time.sleep(0.8)
+        deadline = time.monotonic() + 60  # until the monitor has logged a sample (0.2 s apart, however loaded)
+        while time.monotonic() < deadline and "system/cpu_utilization_percentage" not in client(store).get_run(
+                st.run_id).data.metrics:
+            time.sleep(0.1)
         st.add(TrackedRun(regime="bursty", policy="fixed_h", seed=0, series={"loss": [(0, 1.0)]}))
     assert st.record is not None
     metrics = client(store).get_run(st.record.stage_run_id).data.metrics

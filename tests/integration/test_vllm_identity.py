@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -24,6 +25,7 @@ import yaml
 from aiohttp import web
 
 from vllm_env import VLLM_PYTHON, require_vllm_python
+from syncsafe.serving import vllm_server
 from syncsafe.serving.vllm_server import ServerError, VllmServer, served_models
 
 #: vLLM's compile cache, shared by the tests of a session (the first start compiles for minutes).
@@ -75,6 +77,49 @@ def test_a_foreign_server_on_the_port_is_never_measured(tmp_path):
     finally:
         stop()
     assert served_models(url) is None  # nothing answers there any more
+
+
+#: A stand-in for the server's port handling: it binds --port itself (as vLLM does), says what vLLM says when
+#: the port is taken, else answers /v1/models with its --served-model-name.
+STAND_IN = """
+import json, socket, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+args = sys.argv[1:]
+port, name = int(args[args.index("--port") + 1]), args[args.index("--served-model-name") + 1]
+try:
+    server = HTTPServer(("127.0.0.1", port), None)
+except OSError as err:
+    print(f"ERROR: [Errno 98] error while attempting to bind on address ('127.0.0.1', {port}): {err}", flush=True)
+    sys.exit(1)
+class Models(BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"data": [{"id": name}]}).encode()
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(body)
+server.RequestHandlerClass = Models
+server.serve_forever()
+"""
+
+
+def test_a_port_taken_before_the_server_binds_it_is_retried_on_another(tmp_path, monkeypatch):
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    ports = iter([taken.getsockname()[1]])
+    real_free_port = vllm_server.free_port
+    monkeypatch.setattr(vllm_server, "free_port", lambda: next(ports, None) or real_free_port())
+    python = tmp_path / "python"
+    python.write_text(f"#!{sys.executable}\nimport runpy, sys\nsys.argv = sys.argv[:1] + sys.argv[3:]\n"
+                      f"exec({STAND_IN!r})\n")
+    python.chmod(0o755)
+    server = VllmServer(python, "m", tmp_path / "server.log", startup_timeout_s=30, scratch_root=tmp_path)
+    try:
+        with server:
+            assert server.port != taken.getsockname()[1] and served_models(server.base_url) == [server.served_name]
+    finally:
+        taken.close()
+    assert "Address already in use" not in (tmp_path / "server.log").read_text()  # the log is the last attempt's
 
 
 def _project(root: Path, raw: dict) -> Path:

@@ -1,7 +1,8 @@
 """Test helper: several stage processes logging to one MLflow store at the same moment.
 
-Each writer is a separate ``python`` process that imports the tracking code, waits
-for a shared start signal (so that their writes overlap), then logs one stage run
+Each writer is a separate ``python`` process that imports the tracking code, says so
+(a readiness file), waits for a shared start signal given once every writer is ready
+(so that their writes overlap), then logs one stage run
 with ``items`` item runs (a scalar metric and a short loss curve each) through
 :func:`syncsafe.tracking.tracked_stage` in strict mode: any store failure exits 1.
 """
@@ -19,7 +20,8 @@ import sys, time
 from pathlib import Path
 from syncsafe.tracking import TrackedRun, tracked_stage
 
-index, items, go = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
+index, items, go, ready = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])
+ready.touch()  # imports done: MLflow and the tracking code are loaded
 runs = [TrackedRun(regime="bursty", policy=f"writer{index}", seed=s, backend="parallel",
                    metrics={"value": index * 100 + s},
                    series={"loss": [(step, 1.0 / (step + 1 + s)) for step in range(25)]})
@@ -47,14 +49,21 @@ def run_writers(uri: str, n: int, items: int, workdir: Path, pipeline_run_id: st
         "SYNCSAFE_PIPELINE_RUN_ID": pipeline_run_id,
         "PYTHONWARNINGS": "ignore::DeprecationWarning",
     })
+    ready = [workdir / f"ready-{i}" for i in range(n)]
+    for path in ready:
+        path.unlink(missing_ok=True)
     procs = [
-        subprocess.Popen([sys.executable, "-c", _WRITER, str(i), str(items), str(go)], cwd=workdir, env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        subprocess.Popen([sys.executable, "-c", _WRITER, str(i), str(items), str(go), str(ready[i])], cwd=workdir,
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for i in range(n)
     ]
     try:
-        time.sleep(1.0)  # most of them have imported MLflow by now; the rest join late
-        go.touch()
+        deadline = time.monotonic() + timeout_s
+        while not all(p.exists() for p in ready) and time.monotonic() < deadline:
+            if any(p.poll() is not None for p in procs):
+                break  # a writer failed before it was ready: its exit is reported below
+            time.sleep(0.05)
+        go.touch()  # every writer is ready: their writes start together
         outs = [p.communicate(timeout=timeout_s)[0] for p in procs]
     finally:
         for p in procs:

@@ -29,7 +29,8 @@ def test_without_mechanism_evidence_nothing_passes_the_harness_tier(tmp_path, pa
     controllers = table[table["policy"] != "no_sync"]
     assert set(controllers["tier"]) == {"stress harness only"}
     assert set(table["policy"]) == {"no_sync", *raw_params["control"]["policies"]}
-    assert table["gap_closed_mean"].notna().any() and (table.loc[controllers.index, "calibration"] != "n/a").all()
+    assert table.loc[controllers.index, "gap_closed_mean"].notna().all()  # every controller has a gap to close
+    assert (table.loc[controllers.index, "calibration"] != "n/a").all()
     assert "stress harness only" in out
     report = (root / "reports" / "report.md").read_text()
     assert "## Real replays (vLLM)" in report and "No vLLM replays" in report

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from syncsafe.analysis.live import TIER_BEATS, TIER_NONE, live_section, live_seeds, live_verdicts
+from syncsafe.analysis.live import LIVE_TEST, TIER_BEATS, TIER_NONE, live_section, live_seeds, live_tests, live_tier, live_verdicts
+from syncsafe.analysis.evidence import MechanismEvidence, RegimeMechanism
+from syncsafe.analysis.protocol import with_adjusted_p
 from syncsafe.serving.live import INDEX_COLUMNS, LIVE_INDEX
 
 
@@ -36,20 +38,47 @@ def test_per_seed_excess_is_against_training_without_merges_and_compute_against_
     assert row.compute_share == pytest.approx(0.03 / 0.09)  # compute's part of the policy run's excess over no training
 
 
-def test_winning_every_seed_earns_the_live_tier_and_degraded_seeds_are_left_out():
-    wins = {s: (0.05, 0.10 + 0.01 * s, 0.04, 0.0) for s in range(5)}
-    verdict = live_verdicts(live_seeds(_index(wins)), alpha=0.05).iloc[0]
-    assert verdict.n_used == 5 and verdict.p_rank == pytest.approx(1 / 32)  # one draw per seed: (1/2)^5
-    assert verdict.tier == TIER_BEATS
-    verdict = live_verdicts(live_seeds(_index(wins, degraded=(0,))), alpha=0.05).iloc[0]
-    assert (verdict.n_used, verdict.n_degraded) == (4, 1)
-    assert verdict.p_rank == pytest.approx(1 / 16) and verdict.tier == TIER_NONE
+SHOWN = MechanismEvidence(regimes={"bursty": RegimeMechanism(sync_ratio_paired=2.0, drift_ratio=1.0, gate_ratio=2.0,
+                                                             gate_ratio_ci_low=1.8, gate_ratio_ci_high=2.2)})
+
+
+def test_winning_every_seed_earns_the_live_tier_and_a_degraded_seed_counts_as_a_loss():
+    wins = {s: (0.05, 0.10 + 0.01 * s, 0.04, 0.0) for s in range(6)}
+    verdict = live_verdicts(live_seeds(_index(wins))).iloc[0]
+    assert verdict.n_used == 6 and verdict.p_rank == pytest.approx(1 / 64)  # one draw per seed: (1/2)^6
+    assert live_tier("bursty", verdict.p_rank, 0.05, SHOWN)[0] == TIER_BEATS
+    assert live_tier("bursty", 0.05, 0.05, SHOWN)[0] == TIER_NONE, "p must be below alpha, not at it"
+    lost = live_verdicts(live_seeds(_index(wins, degraded=(0,)))).iloc[0]
+    assert (lost.n_used, lost.n_degraded, lost.n_lost) == (6, 1, 1)  # kept, ranked worst
+    assert lost.p_rank == pytest.approx(7 / 64)  # P(at most one of 6 seeds lost) = (1 + 6) / 64
+
+
+def test_a_live_line_needs_the_mechanism_gate_of_its_regime():
+    tier, why = live_tier("bursty", 1e-4, 0.05, None)
+    assert tier == TIER_NONE and "mechanism gate" in why
+    tier, why = live_tier("steady", 1e-4, 0.05, SHOWN)
+    assert tier == TIER_NONE and "no real-backend" in why
+
+
+def test_live_tests_join_the_verdict_table_s_family(tmp_path):
+    path = tmp_path / LIVE_INDEX
+    path.parent.mkdir(parents=True)
+    _index({s: (0.05, 0.10 + 0.01 * s, 0.04, 0.0) for s in range(6)}).to_csv(path, index=False)
+    tests = live_tests(tmp_path)
+    assert tests == {(LIVE_TEST, "wa_forecast", "bursty"): pytest.approx(1 / 64)}
+    table = pd.DataFrame({"regime": ["bursty"] * 2, "policy": ["wa_diloco", "fixed_h"], "p_rank": [1e-4, 0.5],
+                          "p_vs_fixed_cadence": [0.01, 0.5]})
+    _, extra = with_adjusted_p(table, ("wa_diloco", "bursty"), tests)
+    # the primary passes its gate; then Holm over 4 tests (2 cadence, 1 other matched random, 1 live):
+    # the live p (1/64) is the second smallest: 3 x 1/64 after the cadence test 0.01 x 4 = 0.04
+    assert extra[(LIVE_TEST, "wa_forecast", "bursty")] == pytest.approx(3 / 64)
 
 
 def test_the_section_says_when_there_are_no_live_runs_and_tabulates_them_when_there_are(tmp_path):
-    assert "No live runs" in live_section(tmp_path, 0.05)
+    assert "No live runs" in live_section(tmp_path, 0.05, SHOWN)
     path = tmp_path / LIVE_INDEX
     path.parent.mkdir(parents=True)
     _index({0: (0.05, 0.10, 0.04, 0.0), 1: (0.30, 0.10, 0.04, 0.0)}).to_csv(path, index=False)
-    text = live_section(tmp_path, 0.05)
-    assert "## Live" in text and TIER_NONE in text and "| bursty | wa_forecast | 1 |" in text
+    render = live_section(tmp_path, 0.05, SHOWN)
+    text = render({(LIVE_TEST, "wa_forecast", "bursty"): 0.75})
+    assert "## Live" in text and TIER_NONE in text and "| bursty | wa_forecast | 1 |" in text and "0.750" in text

@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +38,7 @@ from syncsafe.analysis.runs_table import load_runs_table
 from syncsafe.analysis.verdicts import DEFAULT_ALPHA, assign_tiers
 from syncsafe.artifacts import layout
 from syncsafe.artifacts.reports import CONTRACT_COLUMNS
+from syncsafe.config import FidelityTargets
 from syncsafe.io import atomic_path
 
 POLICY_TABLE = layout.POLICY_TABLE_FILE
@@ -71,6 +72,8 @@ ENVELOPE_COLUMNS = (
 )
 
 Writer = Callable[[Path], None]
+#: A report section written once the family's adjusted p-values are known.
+Section = Callable[[Mapping[Hashable, float]], str]
 
 
 @dataclass(frozen=True)
@@ -96,20 +99,28 @@ def analyze_runs(
     loss_margin: float = DEFAULT_LOSS_MARGIN,
     confidence: float = 0.95,
     source: str | None = None,
-    extra_sections: list[str] | None = None,
+    extra_sections: list[str | Section] | None = None,
     extra_files: Mapping[str, Writer] | None = None,
+    extra_tests: Mapping[Hashable, float] | None = None,
+    targets: FidelityTargets | None = None,
+    gate_ratio_threshold: float | None = None,
 ) -> AnalysisResult:
     """Run the evidence protocol on a runs table and write the report files.
 
-    `extra_sections` (Markdown) are appended to the report and `extra_files`
-    (name -> writer of a temporary path) are written with the rest, all or
-    nothing. `primary` is the declared ``(policy, regime)`` tested first
-    (None: one Holm family); `fidelity` licenses (or not) the rows replayed on
-    the simulator; `source` names the runs in the report (default: the file,
-    or ``<DataFrame>``).
+    `extra_sections` (Markdown, or functions of the adjusted p of `extra_tests`, the tests that join the
+    table's family) are appended to the report and `extra_files` (name -> writer of a temporary path) are
+    written with the rest, all or nothing. `primary` is the declared ``(policy, regime)`` tested first
+    (None: one Holm family); `fidelity` licenses (or not) the rows replayed on the simulator; `targets` and
+    `gate_ratio_threshold` (params) are what the evidence is judged against, whatever the evidence files
+    recorded; `source` names the runs in the report (default: the file, or ``<DataFrame>``).
     """
+    if targets is not None and fidelity is not None:
+        fidelity = fidelity.model_copy(update={"targets": targets})
+    if gate_ratio_threshold is not None and mechanism is not None:
+        mechanism = mechanism.model_copy(update={"gate_ratio_threshold": gate_ratio_threshold})
     table = load_runs_table(runs if isinstance(runs, pd.DataFrame) else Path(runs))
-    protocol = run_protocol(table, primary=primary, loss_margin=loss_margin, confidence=confidence)
+    protocol = run_protocol(table, primary=primary, loss_margin=loss_margin, confidence=confidence,
+                            extra_tests=extra_tests)
     policy_table = _ordered(assign_tiers(protocol.policies, mechanism, fidelity=fidelity, alpha=alpha))
     envelope = protocol.seeds.loc[protocol.seeds["n_draws"].notna(), list(ENVELOPE_COLUMNS)]
     envelope = envelope.astype({"n_draws": int}).reset_index(drop=True)
@@ -118,7 +129,8 @@ def analyze_runs(
                             primary=primary, loss_margin=loss_margin, seeds=sorted(table.frame["seed"].unique()))
     report = render_report(policy_table, protocol.seeds, context, figure=ENVELOPE_FIGURE)
     if extra_sections:
-        report = report.rstrip("\n") + "\n\n" + "\n\n".join(extra_sections) + "\n"
+        texts = [part if isinstance(part, str) else part(protocol.extra_adjusted) for part in extra_sections]
+        report = report.rstrip("\n") + "\n\n" + "\n\n".join(texts) + "\n"
     figure = envelope_figure(protocol.seeds)
     writers: dict[str, Writer] = {
         POLICY_TABLE: lambda tmp: policy_table.to_csv(tmp, index=False),

@@ -17,6 +17,7 @@ models and nothing else:
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -190,15 +191,39 @@ class SignAgreement(BaseModel):
     sim_delta_pct: float
 
     @property
+    def tie(self) -> bool:
+        """Real and simulated differences both exactly zero: agreement that carries no information."""
+        return self.real_delta_pct == 0 and self.sim_delta_pct == 0
+
+    @property
     def agree(self) -> bool:
-        """Same sign (a tie counts only with a tie)."""
+        """Same sign, zero counting as its own sign (a tie agrees, but is no evidence: `tie`)."""
         return (self.real_delta_pct > 0) == (self.sim_delta_pct > 0) and (self.real_delta_pct < 0) == (
             self.sim_delta_pct < 0
         )
 
 
+class RegimeFidelity(BaseModel):
+    """The simulator's errors on one regime's held-out real replays."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    n_held_out_replays: int = Field(default=0, ge=0)
+    #: Largest relative p95 error; infinite when a replay's error could not be computed (which fails it).
+    p95_rel_error_max: float | None = None
+    slo_abs_error_pp_max: float | None = None
+    sync_ratio_paired_sim_over_real: float | None = None
+
+
 class FidelityEvidence(BaseModel):
-    """Held-out fidelity of the simulator that licensed the verdicts."""
+    """Held-out fidelity of the simulator that licensed the verdicts.
+
+    A simulator row of (policy, regime) is licensed (`failures(policy, regime)` empty) only when the
+    simulator was fitted, the regime's held-out replays meet every target, and the policy was checked on
+    the real server in that regime: on every declared held-out seed a valid real replay of it and its
+    draws whose controller-minus-random sign the simulator reproduces, at least one of them a real,
+    non-zero difference (zero against zero on every seed is agreement that carries no information).
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -213,10 +238,12 @@ class FidelityEvidence(BaseModel):
     p95_rel_error_mean: float | None = None
     slo_abs_error_pp_max: float | None = None
     slo_abs_error_pp_mean: float | None = None
-    #: Paired sync ratio (twin-defined merge-active p95 / same ids in no-sync) over the held-out replays.
+    #: Paired sync ratio (merge-active p95 / same ids in their nearest no-sync control) over the held-out replays.
     sync_ratio_paired_real: float | None = None
     sync_ratio_paired_sim: float | None = None
     sync_ratio_paired_sim_over_real: float | None = None
+    #: The same errors per regime (the licence of a regime's rows rests on its own).
+    regimes: dict[str, RegimeFidelity] = Field(default_factory=dict)
     sign_agreement: list[SignAgreement] = Field(default_factory=list)
     #: Why the simulator is not (or only partly) trusted, in words for the report.
     notes: list[str] = Field(default_factory=list)
@@ -225,56 +252,84 @@ class FidelityEvidence(BaseModel):
     @classmethod
     def _legacy_names(cls, data: Any) -> Any:
         """`sync_ratio_sim_over_real` (its old name) reads as `sync_ratio_paired_sim_over_real`."""
-        if isinstance(data, dict) and "sync_ratio_sim_over_real" in data:
-            data = dict(data)
-            data.setdefault("sync_ratio_paired_sim_over_real", data.pop("sync_ratio_sim_over_real"))
-        return data
+        return _renamed(data, "sync_ratio_sim_over_real", "sync_ratio_paired_sim_over_real")
 
     @classmethod
     def read(cls, path: str | Path) -> FidelityEvidence:
         return cls.model_validate_json(Path(path).read_text(encoding="utf-8"))
 
-    def failures(self) -> list[str]:
-        """Every reason the simulator's verdicts are not licensed (empty: licensed)."""
+    def _target_failures(self, measured: RegimeFidelity | FidelityEvidence, where: str) -> list[str]:
         t = self.targets
         out: list[str] = []
-        if self.calibration != "fitted":
-            out.append("simulator runs on shipped default parameters (calibration: default), not a fit to real replays")
-        if self.n_held_out_replays == 0:
-            out.append("no held-out real replays to judge the simulator on")
+        if measured.n_held_out_replays == 0:
+            return [f"no held-out real replays{where} to judge the simulator on"]
         checks = (
-            ("held-out p95 error", self.p95_rel_error_max, lambda v: v <= t.p95_rel_error_max,
-             f"<= {t.p95_rel_error_max:.0%}", lambda v: f"{v:.0%}"),
-            ("held-out SLO-rate error", self.slo_abs_error_pp_max, lambda v: v <= t.slo_abs_error_pp_max,
+            ("held-out p95 error", measured.p95_rel_error_max, lambda v: math.isfinite(v) and v <= t.p95_rel_error_max,
+             f"<= {t.p95_rel_error_max:.0%}", lambda v: f"{v:.0%}" if math.isfinite(v) else "not computable"),
+            ("held-out SLO-rate error", measured.slo_abs_error_pp_max,
+             lambda v: math.isfinite(v) and v <= t.slo_abs_error_pp_max,
              f"<= {t.slo_abs_error_pp_max:g} pp", lambda v: f"{v:.3g} pp"),
-            ("paired sync ratio sim/real", self.sync_ratio_paired_sim_over_real,
+            ("paired sync ratio sim/real", measured.sync_ratio_paired_sim_over_real,
              lambda v: t.sync_ratio_paired_low <= v <= t.sync_ratio_paired_high,
              f"in [{t.sync_ratio_paired_low:g}, {t.sync_ratio_paired_high:g}]", lambda v: f"{v:.3g}"),
         )
         for name, value, ok, target, fmt in checks:
             if value is None:
-                out.append(f"{name} not measured (target {target})")
+                out.append(f"{name}{where} not measured (target {target})")
             elif not ok(value):
-                out.append(f"{name} {fmt(value)} misses its target {target}")
-        held = set(self.held_out_seeds)
-        agreements = [a for a in self.sign_agreement if a.seed in held] if held else list(self.sign_agreement)
-        if not agreements:
-            out.append("no held-out seed with real controller-minus-random to check the sign on")
-        disagree = [a for a in agreements if not a.agree]
-        if disagree:
-            seeds = ", ".join(f"{a.regime}/{a.policy}/seed {a.seed}" for a in disagree)
-            out.append(f"simulator and real server disagree on the sign of controller-minus-random ({seeds})")
+                out.append(f"{name}{where} {fmt(value)} misses its target {target}")
         return out
 
-    def licenses(self) -> bool:
-        """True when the simulator is fitted and meets every held-out target."""
-        return not self.failures()
+    def _sign_failures(self, policy: str, regime: str) -> list[str]:
+        mine = [a for a in self.sign_agreement if a.policy == policy and a.regime == regime]
+        if not mine:
+            return [f"{policy} was not checked on the real server in {regime} (no held-out real replay of it "
+                    "and its draws): the simulator's rows of it license no more than mechanism transfers"]
+        if not self.held_out_seeds:
+            return ["no held-out seeds declared: the sign check would rest on the fit's own seeds"]
+        out = []
+        by_seed = {a.seed: a for a in mine}
+        missing = [s for s in self.held_out_seeds if s not in by_seed]
+        if missing:
+            out.append(f"held-out seed(s) {missing} of {regime} have no valid real replay of {policy} and its "
+                       "draws (invalid or missing): the sign check is incomplete")
+        held = [by_seed[s] for s in self.held_out_seeds if s in by_seed]
+        disagree = [a for a in held if not a.agree]
+        if disagree:
+            seeds = ", ".join(f"seed {a.seed}" for a in disagree)
+            out.append(f"simulator and real server disagree on the sign of {policy} minus random in {regime} ({seeds})")
+        if held and not any(a.real_delta_pct != 0 and a.agree for a in held):
+            ties = sum(a.tie for a in held)
+            out.append(f"no held-out seed of {policy} in {regime} with a non-zero real controller-minus-random "
+                       f"difference ({ties} of {len(held)} zero against zero): the sign check carries no information")
+        return out
 
-    def describe(self) -> str:
-        failures = self.failures()
+    def failures(self, policy: str | None = None, regime: str | None = None) -> list[str]:
+        """Every reason the simulator's rows of (`policy`, `regime`) are not licensed (empty: licensed).
+
+        Without a (policy, regime): the simulator-wide reasons only (calibration, pooled targets).
+        """
+        out: list[str] = []
+        if self.calibration != "fitted":
+            out.append("simulator runs on shipped default parameters (calibration: default), not a fit to real replays")
+        if regime is not None and regime in self.regimes:
+            out += self._target_failures(self.regimes[regime], f" in {regime}")
+        else:  # the pooled figures (evidence written without per-regime ones)
+            out += self._target_failures(self, "")
+        if policy is not None and regime is not None:
+            out += self._sign_failures(policy, regime)
+        return out
+
+    def licenses(self, policy: str | None = None, regime: str | None = None) -> bool:
+        """True when the simulator is fitted and meets every held-out target (for `policy` in `regime`)."""
+        return not self.failures(policy, regime)
+
+    def describe(self, policy: str | None = None, regime: str | None = None) -> str:
+        failures = self.failures(policy, regime)
         if not failures:
+            where = f" for {policy} in {regime}" if policy and regime else ""
             return (
-                f"fitted simulator meets its held-out targets on {self.n_held_out_replays} real replays "
+                f"fitted simulator meets its held-out targets{where} on {self.n_held_out_replays} real replays "
                 f"(seeds {self.held_out_seeds})"
             )
         return "; ".join(failures)

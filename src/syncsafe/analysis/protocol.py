@@ -34,20 +34,33 @@ different merge counts would mean nothing). Tiers are assigned in
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from syncsafe.analysis import stats
+from syncsafe.errors import BadInput
 from syncsafe.analysis.envelope import ENVELOPE_KEY, draw_scores, seed_envelopes, seed_references
-from syncsafe.analysis.multiplicity import gatekept_adjusted, holm_adjusted
-from syncsafe.analysis.runs_table import FIXED_H, LATENCY_COLUMNS, MATCHED_RANDOM_FREE, NO_SYNC, RunsTable, is_controller
+from syncsafe.analysis.multiplicity import gatekept_adjusted
+from syncsafe.analysis.runs_table import (
+    FIXED_H,
+    LATENCY_COLUMNS,
+    MATCHED_POLICIES,
+    MATCHED_RANDOM_FREE,
+    NO_SYNC,
+    RunsTable,
+    is_controller,
+)
 from syncsafe.analysis.sync_excess import no_sync_baseline, with_sync_excess
 
 ROLES = {NO_SYNC: "baseline", FIXED_H: "fixed cadence"}
+
+
+class ProtocolError(BadInput):
+    """Runs whose numbers contradict the protocol's own guarantees (one line naming the run)."""
 CONTROLLER_ROLE = "controller"
 DEFAULT_LOSS_MARGIN = 0.01
 #: A random-to-oracle gap narrower than this (pp) leaves nothing to close on that seed; with an
@@ -68,11 +81,13 @@ class ProtocolResult:
     * ``seeds``: one row per regime x policy x seed (see :func:`seed_scores`).
     * ``draws``: one row per controller run x matched-random draw.
     * ``policies``: one row per regime x policy (see :func:`summarize_policies`).
+    * ``extra_adjusted``: the adjusted p of each test joined to the table's family (`with_adjusted_p`).
     """
 
     seeds: pd.DataFrame
     draws: pd.DataFrame
     policies: pd.DataFrame
+    extra_adjusted: Mapping[Hashable, float] = field(default_factory=dict)
 
 
 def run_protocol(
@@ -81,17 +96,33 @@ def run_protocol(
     primary: tuple[str, str] | None = None,
     loss_margin: float = DEFAULT_LOSS_MARGIN,
     confidence: float = 0.95,
+    extra_tests: Mapping[Hashable, float] | None = None,
 ) -> ProtocolResult:
     """Score every run, build the envelopes and summarize each regime x policy.
 
     `primary` is the declared ``(policy, regime)`` tested first; None (or a
-    pair the table lacks) makes every test one Holm family.
+    pair the table lacks) makes every test one Holm family. `extra_tests`
+    (p-values by key) join that family (`with_adjusted_p`).
     """
     baseline = no_sync_baseline(table)
     draws = draw_scores(table, baseline)
     seeds = seed_scores(table, baseline, draws)
     policies = summarize_policies(seeds, draws, loss_margin=loss_margin, confidence=confidence)
-    return ProtocolResult(seeds=seeds, draws=draws, policies=with_adjusted_p(policies, primary))
+    policies = policies.assign(backend=[evidence_backend(table, r, p) for r, p in zip(policies["regime"], policies["policy"])])
+    adjusted, extra = with_adjusted_p(policies, primary, extra_tests)
+    return ProtocolResult(seeds=seeds, draws=draws, policies=adjusted, extra_adjusted=extra)
+
+
+def evidence_backend(table: RunsTable, regime: str, policy: str) -> str:
+    """Every backend behind a row (``a+b``): its own runs, the regime's no-sync runs, and for a controller
+    every schedule derived from it (draws, even cadence, SLO oracle, offline bound); a blank counts as
+    ``unspecified``. A row rests on the real server only when this is exactly ``vllm``."""
+    frame = table.frame[table.frame["regime"] == regime]
+    behind = (frame["policy"] == policy) | (frame["policy"] == NO_SYNC)
+    if is_controller(policy):
+        behind |= frame["matched_to"] == policy
+        behind |= frame["policy"].isin([p for p in MATCHED_POLICIES]) & frame["matched_to"].isna()
+    return _joined(frame.loc[behind, "backend"].fillna("unspecified"))
 
 
 def seed_scores(table: RunsTable, baseline: pd.DataFrame, draws: pd.DataFrame) -> pd.DataFrame:
@@ -116,11 +147,25 @@ def seed_scores(table: RunsTable, baseline: pd.DataFrame, draws: pd.DataFrame) -
     scored["rank"] = _normalised_ranks(scored, draws)
     gap = scored["mr_sync_excess_pct_mean"] - scored["oracle_sync_excess_pct"]
     closed = (scored["mr_sync_excess_pct_mean"] - scored["sync_excess_pct"]) / gap
-    floor = 100.0 / scored["n_requests"] if "n_requests" in scored.columns else MIN_GAP_PP
-    scored["gap_closed"] = closed.where(gap >= np.maximum(floor, MIN_GAP_PP))
+    floor = np.maximum(100.0 / scored["n_requests"] if "n_requests" in scored.columns else MIN_GAP_PP, MIN_GAP_PP)
+    _check_oracle_gap(scored, gap, floor)
+    scored["gap_closed"] = closed.where(gap >= floor)
     scored["loss_rel_vs_fixed_h"] = _loss_vs_fixed_h(scored)
     scored.insert(2, "role", scored["policy"].map(role_of))
     return scored.sort_values(ENVELOPE_KEY, ignore_index=True)
+
+
+def _check_oracle_gap(scored: pd.DataFrame, gap: pd.Series, floor: pd.Series | float) -> None:
+    """A random-to-oracle gap below minus the floor means the oracle lost to its own candidates: an error
+    naming the seed (the oracle is never worse than any draw it was given)."""
+    negative = gap < -np.asarray(floor)
+    if negative.any():
+        row = scored[negative].iloc[0]
+        raise ProtocolError(
+            f"{row['regime']}/{row['policy']}/seed {int(row['seed'])}: the SLO oracle's sync-excess "
+            f"{row['oracle_sync_excess_pct']:.4g} % is worse than the matched-random mean "
+            f"{row['mr_sync_excess_pct_mean']:.4g} % (gap {gap[negative].iloc[0]:+.4g} pp): the oracle must never be "
+            "worse than the draws it was given; rerun the replay stage")
 
 
 def _runs_per_seed(table: RunsTable) -> pd.DataFrame:
@@ -211,6 +256,7 @@ def _evidence(runs: pd.DataFrame, samples: dict, confidence: float) -> dict[str,
     vs_even = stats.sign_test(even["sync_excess_pct"], even["even_sync_excess_pct"])
     gap = runs["gap_closed"].dropna()
     gap_low, gap_high = stats.bootstrap_mean_ci(gap, confidence=confidence) if gap.size else (np.nan, np.nan)
+    with_oracle = int(runs["oracle_sync_excess_pct"].notna().sum())
     return {
         "n_draws": int(matched["n_draws"].sum()),
         **{f"mr_sync_excess_pct_{s}": float(matched[f"mr_sync_excess_pct_{s}"].mean()) for s in ("min", "mean", "max")},
@@ -226,7 +272,7 @@ def _evidence(runs: pd.DataFrame, samples: dict, confidence: float) -> dict[str,
         "n_seeds_vs_fixed_cadence": vs_even.n,
         "delta_vs_fixed_cadence_pct_mean": vs_even.effect,
         "p_vs_fixed_cadence": vs_even.p_value,
-        "gap_closed_seeds": int(gap.size),
+        "gap_closed_seeds": f"{gap.size}/{with_oracle}",
         "gap_closed_mean": float(gap.mean()) if gap.size else np.nan,
         "gap_closed_ci_low": gap_low,
         "gap_closed_ci_high": gap_high,
@@ -234,10 +280,16 @@ def _evidence(runs: pd.DataFrame, samples: dict, confidence: float) -> dict[str,
 
 
 def _training(runs: pd.DataFrame, loss_margin: float, confidence: float) -> dict[str, Any]:
-    """Eval loss relative to fixed_h on the same seeds: non-inferior unless worse beyond `loss_margin`."""
+    """Eval loss relative to fixed_h on the same seeds: non-inferior unless worse beyond `loss_margin`.
+
+    Non-inferiority needs a loss on every seed of the row: a seed without one (no eval loss, or no fixed_h
+    run beside it) leaves training ``not measured``, which keeps the policy from the top tier.
+    """
     diffs = runs["loss_rel_vs_fixed_h"].dropna()
-    if diffs.empty:
-        return {"loss_rel_diff_mean": np.nan, "loss_rel_diff_ci_high": np.nan, "training": "not measured"}
+    if diffs.empty or len(diffs) < len(runs):
+        mean = float(diffs.mean()) if len(diffs) else np.nan
+        return {"loss_rel_diff_mean": mean, "loss_rel_diff_ci_high": np.nan, "training": "not measured",
+                "loss_seeds": f"{len(diffs)}/{len(runs)}"}
     mean = float(diffs.mean())
     high = stats.bootstrap_mean_ci(diffs, confidence=confidence)[1]
     if mean > loss_margin:
@@ -246,18 +298,35 @@ def _training(runs: pd.DataFrame, loss_margin: float, confidence: float) -> dict
         verdict = "not shown non-inferior"
     else:
         verdict = "non-inferior"
-    return {"loss_rel_diff_mean": mean, "loss_rel_diff_ci_high": high, "training": verdict}
+    return {"loss_rel_diff_mean": mean, "loss_rel_diff_ci_high": high, "training": verdict,
+            "loss_seeds": f"{len(diffs)}/{len(runs)}"}
 
 
-def with_adjusted_p(policies: pd.DataFrame, primary: tuple[str, str] | None) -> pd.DataFrame:
-    """Add ``p_adjusted`` (primary, then Holm) and ``p_vs_fixed_cadence_adjusted`` (Holm)."""
+#: The two tier tests of each controller row, and further tests that join the same family (live lines).
+MATCHED_RANDOM_TEST, FIXED_CADENCE_TEST = "matched random", "fixed cadence"
+
+
+def with_adjusted_p(policies: pd.DataFrame, primary: tuple[str, str] | None,
+                    extra_tests: Mapping[Hashable, float] | None = None
+                    ) -> tuple[pd.DataFrame, dict[Hashable, float]]:
+    """Add ``p_adjusted`` and ``p_vs_fixed_cadence_adjusted``: one family at alpha over both tier tests.
+
+    The declared primary's matched-random test comes first, alone; then one Holm family holds every other
+    test of the table: each controller row's fixed-cadence test (the primary's too), the other rows'
+    matched-random tests, and `extra_tests` (keys of their own). Fixed-sequence gatekeeping keeps the
+    family-wise error of every claim the table (and the tests joined to it) makes at alpha.
+    Returns the table and the adjusted p of each extra test.
+    """
     controllers = policies[policies["policy"].map(is_controller)]
     keys = list(zip(controllers["policy"], controllers["regime"]))
-    rank = gatekept_adjusted(dict(zip(keys, controllers["p_rank"])), primary)
-    cadence = holm_adjusted(dict(zip(keys, controllers["p_vs_fixed_cadence"])))
+    family: dict[Hashable, float] = {(MATCHED_RANDOM_TEST, *k): p for k, p in zip(keys, controllers["p_rank"])}
+    family |= {(FIXED_CADENCE_TEST, *k): p for k, p in zip(keys, controllers["p_vs_fixed_cadence"])}
+    family |= dict(extra_tests or {})
+    adjusted = gatekept_adjusted(family, None if primary is None else (MATCHED_RANDOM_TEST, *primary))
     pairs = list(zip(policies["policy"], policies["regime"]))
-    return policies.assign(
-        p_adjusted=[rank.get(k, stats.NO_EVIDENCE_P) for k in pairs],
-        p_vs_fixed_cadence_adjusted=[cadence.get(k, stats.NO_EVIDENCE_P) for k in pairs],
+    out = policies.assign(
+        p_adjusted=[adjusted.get((MATCHED_RANDOM_TEST, *k), stats.NO_EVIDENCE_P) for k in pairs],
+        p_vs_fixed_cadence_adjusted=[adjusted.get((FIXED_CADENCE_TEST, *k), stats.NO_EVIDENCE_P) for k in pairs],
         primary=[k == primary for k in pairs],
     )
+    return out, {k: adjusted[k] for k in (extra_tests or {})}

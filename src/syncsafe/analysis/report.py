@@ -76,17 +76,23 @@ def _header(policies: pd.DataFrame, context: ReportContext) -> str:
         calibration = "no fidelity evidence: rows replayed on the simulator stay at *mechanism transfers* at most"
     else:
         status = "licensed" if fidelity.licenses() else "NOT licensed"
-        calibration = (f"`{fidelity.calibration}`; simulator {status}: {fidelity.describe()} "
-                       f"(fit seeds {fidelity.fit_seeds}, held-out seeds {fidelity.held_out_seeds})")
+        t = fidelity.targets
+        calibration = (f"`{fidelity.calibration}`; simulator-wide {status}: {fidelity.describe()} "
+                       f"(fit seeds {fidelity.fit_seeds}, held-out seeds {fidelity.held_out_seeds}; targets used: p95 "
+                       f"error <= {t.p95_rel_error_max:.0%}, SLO-rate error <= {t.slo_abs_error_pp_max:g} pp, paired "
+                       f"sync ratio sim/real in [{t.sync_ratio_paired_low:g}, {t.sync_ratio_paired_high:g}]; each "
+                       "(policy, regime) also needs its own real-server check, see its reason)")
     controllers = policies[policies["tier"] != Tier.REFERENCE]
-    n_tests = len(controllers)
+    n_tests = 2 * len(controllers)
     primary = context.primary
     if primary is not None and ((controllers["policy"] == primary[0]) & (controllers["regime"] == primary[1])).any():
         family = (f"declared primary `{primary[0]}` on `{primary[1]}` tested first at alpha; only if it is rejected are "
-                  f"the other {n_tests - 1} (policy, regime) tests judged, Holm-adjusted (fixed-sequence gatekeeping: "
-                  f"family-wise error of the table <= alpha)")
+                  f"the other {n_tests - 1} tests judged (every row's fixed-cadence test, the other rows' "
+                  "matched-random tests and any live test), as one Holm family (fixed-sequence gatekeeping: "
+                  "family-wise error of every claim of the table <= alpha)")
     else:
-        family = f"no declared primary in this table: all {n_tests} (policy, regime) tests form one Holm family"
+        family = (f"no declared primary in this table: all {n_tests} tests (each row's matched-random and "
+                  "fixed-cadence test, and any live test) form one Holm family")
     seeds = ", ".join(str(s) for s in context.seeds)
     return "\n".join(
         [
@@ -99,11 +105,13 @@ def _header(policies: pd.DataFrame, context: ReportContext) -> str:
             f"- primary test: exact within-seed rank test of sync-excess against the matched-random draws from each "
             f"controller's own action space (`p_rank`); {family}; tiers use the adjusted p (`p_adjusted`) at "
             f"alpha = {context.alpha:g}",
-            "- fixed cadence: exact sign test against the controller's merge count evenly spaced, Holm-adjusted over "
-            "the same (policy, regime) pairs; the paired sign-flip p against the envelope mean "
-            "(`p_vs_matched_random`) is shown for reference only (it assumes a symmetric null)",
-            f"- training: eval loss relative to fixed_h on the same seeds; worse by more than {context.loss_margin:.1%} "
-            "(or not shown within it) keeps a policy from the top tier",
+            "- fixed cadence: exact sign test against the controller's merge count evenly spaced, adjusted in the "
+            "same family; the paired sign-flip p against the envelope mean (`p_vs_matched_random`) is shown for "
+            "reference only (it assumes a symmetric null)",
+            f"- training: eval loss relative to fixed_h on the same seeds; worse by more than {context.loss_margin:.1%}, "
+            "not shown within it, or not measured on every seed keeps a policy from the top tier",
+            f"- mechanism gate threshold used: {mechanism.gate_ratio_threshold:g}" if mechanism is not None else
+            "- mechanism gate: no evidence",
             "- sync-excess = SLO % minus the same seed's no-sync replay (pp); gap closed = (matched random - "
             "controller) / (matched random - SLO oracle) per seed",
             "- tiers, lowest to highest: stress harness only < mechanism transfers < beats fixed cadence"
@@ -146,11 +154,13 @@ def _percent(value: float) -> str:
 
 
 def _gap(row: Row) -> str:
+    """Mean gap closed with its interval and how many seeds define it (k/n); `undefined` where none does."""
     low, high = row.get("gap_closed_ci_low"), row.get("gap_closed_ci_high")
-    text = _percent(row.get("gap_closed_mean"))
-    if text and low is not None and not (math.isnan(low) or math.isinf(low) or math.isinf(high)):
+    text = _percent(row.get("gap_closed_mean")) or "undefined"
+    if text != "undefined" and low is not None and not (math.isnan(low) or math.isinf(low) or math.isinf(high)):
         text += f" [{low:.0%}, {high:.0%}]"
-    return text
+    seeds = row.get("gap_closed_seeds")
+    return f"{text} ({seeds} seeds)" if isinstance(seeds, str) else text
 
 
 # (header, cell of a policy-table row, shown for controllers only)
@@ -200,13 +210,14 @@ def _sign_agreement_section(fidelity: FidelityEvidence | None) -> str:
         return ""
     rows = [
         (a.regime, a.policy, a.seed, a.n_draws, _signed(a.real_delta_pct), _signed(a.sim_delta_pct),
-         "yes" if a.agree else "**no**")
+         "tie (no information)" if a.tie else "yes" if a.agree else "**no**")
         for a in fidelity.sign_agreement
     ]
     intro = ("## Real server vs simulator: controller minus matched random\n\n"
              "Per real-replayed seed, the controller's SLO % minus the mean of its matched-random draws on the real "
-             "vLLM server and in the fitted simulator; a verdict above *mechanism transfers* needs the same sign on "
-             "every held-out seed.")
+             "vLLM server and in the fitted simulator; a simulator verdict above *mechanism transfers* for a (policy, "
+             "regime) needs the same sign on every held-out seed of it, at least one of them a non-zero real "
+             "difference (zero against zero is a tie that carries no information).")
     return intro + "\n\n" + (markdown_table(["regime", "policy", "seed", "draws", "real pp", "simulated pp", "same sign"],
                                              rows) if rows else "_No real replays with matched-random draws._")
 

@@ -167,6 +167,8 @@ def _validated(frame: pd.DataFrame, source: str) -> pd.DataFrame:
     _check_no_sync_baselines(frame, source)
     _check_matched_to(frame, source)
     _check_draw_coverage(frame, source)
+    _check_matched_counts(frame, source)
+    _check_oracle_bound(frame, source)
     return frame
 
 
@@ -321,6 +323,49 @@ def _check_draw_coverage(frame: pd.DataFrame, source: str) -> None:
             source,
             f"controller run(s) without matched-random draws for (regime, seed, policy) {_quote(missing)}",
         )
+
+
+def _with_controller(frame: pd.DataFrame, policy: str, column: str) -> pd.DataFrame:
+    """Rows of a derived `policy` (their row numbers in ``row``) beside their controller's `column` (``ctrl``)."""
+    controllers = frame[frame["policy"].map(is_controller)]
+    derived = frame[frame["policy"] == policy].assign(row=lambda d: d.index)
+    resolved = _resolve_matched_to(derived, controllers, policy)
+    ref = controllers[["regime", "seed", "policy", column]].rename(columns={"policy": "matched_to", column: "ctrl"})
+    return resolved.merge(ref.astype({"matched_to": "string"}), on=["regime", "seed", "matched_to"], how="inner")
+
+
+def _check_matched_counts(frame: pd.DataFrame, source: str) -> None:
+    """With an ``n_merges`` column: every derived schedule has its controller's merge count."""
+    if "n_merges" not in frame.columns:
+        return
+    for policy in sorted(MATCHED_POLICIES):
+        rows = _with_controller(frame, policy, "n_merges")
+        bad = rows[rows["n_merges"].notna() & rows["ctrl"].notna() & (rows["n_merges"] != rows["ctrl"])]
+        if not bad.empty:
+            r = bad.iloc[0]
+            raise RunsTableError(
+                source, f"row {int(r['row'])}: {policy} of {r['matched_to']!r} (regime {r['regime']!r}, seed "
+                f"{int(r['seed'])}) has {r['n_merges']:g} merges, its controller {r['ctrl']:g}: a matched schedule "
+                "must copy the controller's merge count")
+
+
+def _check_oracle_bound(frame: pd.DataFrame, source: str) -> None:
+    """An SLO oracle is never worse than its controller or any of its draws (it had them as candidates)."""
+    oracle = _with_controller(frame, SLO_ORACLE, "slo_violation_rate")
+    if oracle.empty:
+        return
+    draws = frame[frame["policy"] == MATCHED_RANDOM]
+    best_draw = (_resolve_matched_to(draws, frame[frame["policy"].map(is_controller)], MATCHED_RANDOM)
+                 .groupby(["regime", "seed", "matched_to"])["slo_violation_rate"].min().rename("best_draw").reset_index())
+    oracle = oracle.merge(best_draw, on=["regime", "seed", "matched_to"], how="left")
+    bound = np.fmin(oracle["ctrl"].to_numpy(dtype=float), oracle["best_draw"].to_numpy(dtype=float))
+    bad = oracle[oracle["slo_violation_rate"].to_numpy(dtype=float) > bound + 1e-12]
+    if not bad.empty:
+        r = bad.iloc[0]
+        raise RunsTableError(
+            source, f"row {int(r['row'])}: slo_oracle of {r['matched_to']!r} (regime {r['regime']!r}, seed "
+            f"{int(r['seed'])}) violates {r['slo_violation_rate']:.4g}, more than min(controller, draws) "
+            f"{min(r['ctrl'], r['best_draw']):.4g}: an oracle is never worse than its own candidates")
 
 
 def _resolve_matched_to(frame: pd.DataFrame, controllers: pd.DataFrame, policy: str) -> pd.DataFrame:

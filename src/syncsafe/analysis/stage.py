@@ -23,7 +23,7 @@ import pandas as pd
 
 from syncsafe.analysis.analyze import AnalysisResult, analyze_runs
 from syncsafe.analysis.figures import write_png
-from syncsafe.analysis.live import live_section
+from syncsafe.analysis.live import live_section, live_tests
 from syncsafe.analysis.stage_figures import LOSS_FIGURE, TIMELINE_FIGURE, loss_curves_figure, timeline_figure
 from syncsafe.analysis.report import markdown_table
 from syncsafe.analysis.evidence import FidelityEvidence, MechanismEvidence
@@ -140,18 +140,20 @@ def analyze_pipeline(params: Params, root: Path = Path("."), alpha: float | None
     loss_figure = f"{layout.FIGURES_DIR}/{LOSS_FIGURE}"
     if len(losses):
         figures[loss_figure] = loss_curves_figure(losses, merges)
-    sections = [_real_replay_section(root), _calibration_section(root, mechanism)]
-    sections.append(live_section(root, params.analysis.alpha if alpha is None else alpha))  # runs/live/, if any
+    settings = params.analysis
+    alpha = settings.alpha if alpha is None else alpha
+    judged = mechanism.model_copy(update={"gate_ratio_threshold": settings.gate_ratio_threshold}) if mechanism else None
+    sections = [_real_replay_section(root), _calibration_section(root, judged)]
+    sections.append(live_section(root, alpha, judged))  # runs/live/, if any: its tests join the table's family
     sections += [f"## Bursts and merge windows: {Path(name).name.split('_' + TIMELINE_FIGURE)[0]}\n\n![timeline]({name})"
                  for name in figures if name.endswith(TIMELINE_FIGURE)]
     if loss_figure in figures:
         sections.append(f"## Training\n\n![loss curves]({loss_figure})")
     extra_files = {name: (lambda fig: lambda tmp: write_png(fig, tmp))(fig) for name, fig in figures.items()}
     extra_files[layout.LOSS_CURVES_FILE] = lambda tmp: losses.to_csv(tmp, index=False)
-    settings = params.analysis
     return analyze_runs(pipeline_runs(params, root), layout.reports_dir(root), mechanism=mechanism, fidelity=fidelity,
                         primary=(settings.primary.policy, settings.primary.regime), loss_margin=settings.loss_margin,
-                        alpha=settings.alpha if alpha is None else alpha, extra_sections=sections,
-                        extra_files=extra_files,
+                        alpha=alpha, extra_sections=sections, extra_files=extra_files, extra_tests=live_tests(root),
+                        targets=settings.fidelity, gate_ratio_threshold=settings.gate_ratio_threshold,
                         source=f"simulator replays of {layout.REPLAY_INDEX.as_posix()} "
                                "(the regimes, seeds and policies in params)")

@@ -7,15 +7,19 @@ Tiers, lowest to highest; each requires every gate below it:
    no serving claim, whatever its numbers.
 2. ``mechanism transfers``: :class:`MechanismEvidence` for the regime shows
    the sync effect on the real server (see :mod:`syncsafe.analysis.evidence`).
-   Rows replayed on the simulator go no further unless the simulator is
-   licensed: fitted to real replays and meeting its held-out fidelity
-   targets, real-server sign agreement included (:class:`FidelityEvidence`).
-3. ``beats fixed cadence``: the Holm-adjusted sign-test p against the evenly
-   spaced schedule of the controller's own merge count is below alpha.
+   Rows that rest on the simulator (any replay behind them not on the real
+   backend) go no further unless the simulator is licensed for that
+   (policy, regime): fitted to real replays, meeting its held-out fidelity
+   targets in the regime, and checked against the real server for that
+   policy on every held-out seed (:class:`FidelityEvidence`).
+3. ``beats fixed cadence``: the adjusted sign-test p against the evenly
+   spaced schedule of the controller's own merge count is below alpha (one
+   family with the matched-random tests: :func:`syncsafe.analysis.protocol.with_adjusted_p`).
 4. ``beats matched random``: the adjusted rank-test p (declared primary
    first, then Holm) against the matched-random draws from the controller's
-   own action space is below alpha, and training is not hurt (eval loss not
-   shown worse than fixed_h's beyond ``analysis.loss_margin``, when measured).
+   own action space is below alpha, and training is shown non-inferior (eval
+   loss, measured on every seed, not worse than fixed_h's beyond
+   ``analysis.loss_margin``; not measured blocks this tier).
 
 ``no_sync`` is the reference row: tier ``reference``, no claim. Every verdict
 carries a reason naming the gate that stopped it and the numbers observed.
@@ -54,8 +58,8 @@ class Tier(StrEnum):
 REFERENCE_REASONS = {
     NO_SYNC: "no-sync replay of the same load: the baseline of sync-excess; not a claim",
 }
-#: Training verdicts that keep a policy from the top tier.
-BLOCKING_TRAINING = ("hurts training", "not shown non-inferior")
+#: Training verdicts that keep a policy from the top tier: anything but shown non-inferior on every seed.
+BLOCKING_TRAINING = ("hurts training", "not shown non-inferior", "not measured")
 
 
 @dataclass(frozen=True)
@@ -108,7 +112,9 @@ def calibration_status(row: Mapping[str, Any], fidelity: FidelityEvidence | None
 
 
 def _rests_on_simulator(row: Mapping[str, Any]) -> bool:
-    return "vllm" not in str(row.get("backend", "")).split("+") or "simulator" in str(row.get("backend", ""))
+    """True unless every replay behind the row (its runs, the no-sync runs, its draws and references: the
+    ``backend`` the protocol joins) is on the real backend; a blank backend counts as not real."""
+    return set(str(row.get("backend", "")).split("+")) != {"vllm"}
 
 
 def _highest_tier(
@@ -123,8 +129,9 @@ def _highest_tier(
     if _rests_on_simulator(row):
         if fidelity is None:
             return Tier.MECHANISM_TRANSFERS, f"{transfers}; simulator replays without fidelity evidence license nothing more"
-        if not fidelity.licenses():
-            return Tier.MECHANISM_TRANSFERS, f"{transfers}; simulator not licensed: {fidelity.describe()}"
+        policy = str(row["policy"])
+        if not fidelity.licenses(policy, regime):
+            return Tier.MECHANISM_TRANSFERS, f"{transfers}; simulator not licensed: {fidelity.describe(policy, regime)}"
     if not row["p_vs_fixed_cadence_adjusted"] < alpha:
         return (
             Tier.MECHANISM_TRANSFERS,
@@ -136,11 +143,13 @@ def _highest_tier(
             Tier.BEATS_FIXED_CADENCE,
             f"beats fixed cadence; not shown better than matched random (adjusted p {row['p_adjusted']:.3g} >= {alpha})",
         )
-    if row.get("training") in BLOCKING_TRAINING:
+    if row.get("training", "not measured") in BLOCKING_TRAINING:
         return (
             Tier.BEATS_FIXED_CADENCE,
-            f"beats fixed cadence and matched random, but {row['training']} "
-            f"(eval loss {row['loss_rel_diff_mean']:+.2%} vs fixed_h, upper bound {row['loss_rel_diff_ci_high']:+.2%})",
+            f"beats fixed cadence and matched random, but training {row.get('training', 'not measured')} "
+            f"(eval loss {row.get('loss_rel_diff_mean', float('nan')):+.2%} vs fixed_h, upper bound "
+            f"{row.get('loss_rel_diff_ci_high', float('nan')):+.2%}, seeds with a loss "
+            f"{row.get('loss_seeds', '0/0')})",
         )
     return Tier.BEATS_MATCHED_RANDOM, f"beats fixed cadence and matched random at family-wise alpha {alpha}"
 

@@ -142,6 +142,8 @@ LIVE_INDEX = LIVE / INDEX_FILE
 TRAIN_LOGS = LOGS / "train"
 VLLM_SERVER_LOG = LOGS / "replay-vllm" / SERVER_LOG_FILE
 LIVE_SERVER_LOG = LOGS / "live" / SERVER_LOG_FILE
+#: Scratch folders of running stages (`<kind>-<pid>-<random>`), reaped at the next stage start once their pid is gone.
+SCRATCH = LOGS / "scratch"
 UNTRAINED_MODEL = MODELS / "serve-untrained"
 VLLM_CACHE = MODELS / "vllm-cache"
 #: The tokenizer the train stage builds or caches (reused by every run).
@@ -278,8 +280,8 @@ def island_state_file(checkpoint_dir: PathLike, island: int) -> Path:
 
 
 def controller_state_file(checkpoint_dir: PathLike) -> Path:
-    """controller.pkl in a merge checkpoint."""
-    return Path(checkpoint_dir) / "controller.pkl"
+    """controller.json in a merge checkpoint: the controller's state, the policy's state and the merge log."""
+    return Path(checkpoint_dir) / "controller.json"
 
 
 def train_timing_path(root: PathLike, regime: str, policy: str, seed: int) -> Path:

@@ -28,7 +28,15 @@ from typing import Annotated, Any
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from syncsafe.config.base import CONTROLLER_POLICIES, ConfigError, Fraction, PositiveFloat, RESERVED_SERVER_ARGS, Strict
+from syncsafe.config.base import (
+    CONTROLLER_POLICIES,
+    RESERVED_SERVER_ARGS,
+    ConfigError,
+    Fraction,
+    PositiveFloat,
+    Strict,
+    max_num_seqs,
+)
 from syncsafe.config.sections import (
     AnalysisConfig,
     CalibratedConfig,
@@ -55,7 +63,7 @@ from syncsafe.config.sections import (
 )
 from syncsafe.config.workload import BurstyRegime, PressureHeavyRegime, Regime, RequestShape, SteadyRegime, TraceRegime, TracesConfig
 
-__all__ = ["AnalysisConfig", "BurstyRegime", "CONTROLLER_POLICIES", "CalibratedConfig", "ConfigError", "ControlConfig", "FidelityTargets", "FixedHConfig", "ForecastConfig", "Fraction", "HarnessConfig", "HubSource", "LiveConfig", "LookaheadConfig", "MergeConfig", "ModelShape", "PositiveFloat", "PressureGateConfig", "PressureHeavyRegime", "PrimaryTest", "RESERVED_SERVER_ARGS", "RandomDeferralConfig", "Regime", "ReplayConfig", "RequestShape", "SchedulesConfig", "ScoreWeights", "SimulatorReplay", "SloConfig", "SteadyRegime", "Strict", "TraceRegime", "TracesConfig", "TrainConfig", "VllmReplay", "BASE_PROFILE", "Params", "load_params", "profile_label", "parse_params", "read_yaml"]
+__all__ = ["AnalysisConfig", "BurstyRegime", "CONTROLLER_POLICIES", "CalibratedConfig", "ConfigError", "ControlConfig", "FidelityTargets", "FixedHConfig", "ForecastConfig", "Fraction", "HarnessConfig", "HubSource", "LiveConfig", "LookaheadConfig", "MergeConfig", "ModelShape", "PositiveFloat", "PressureGateConfig", "PressureHeavyRegime", "PrimaryTest", "RESERVED_SERVER_ARGS", "RandomDeferralConfig", "Regime", "ReplayConfig", "RequestShape", "SchedulesConfig", "ScoreWeights", "SimulatorReplay", "SloConfig", "SteadyRegime", "Strict", "TraceRegime", "TracesConfig", "TrainConfig", "VllmReplay", "BASE_PROFILE", "max_num_seqs", "Params", "load_params", "profile_label", "parse_params", "read_yaml"]
 
 # --------------------------------------------------------------------------- root
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -38,3 +40,16 @@ class Strict(BaseModel):
 
 PositiveFloat = Annotated[float, Field(gt=0)]
 Fraction = Annotated[float, Field(ge=0, le=1)]
+
+
+def max_num_seqs(server_args: Sequence[str]) -> int | None:
+    """The value of `--max-num-seqs` in vLLM server arguments, or None."""
+    args = list(server_args)
+    for i, arg in enumerate(args):
+        m = re.fullmatch(r"--max[-_]num[-_]seqs(?:=(\d+))?", arg)
+        if m:
+            value = m.group(1) if m.group(1) is not None else (args[i + 1] if i + 1 < len(args) else None)
+            if value is None or not str(value).isdigit() or int(value) < 1:
+                raise ValueError(f"server_args: --max-num-seqs needs a positive whole number (got {value!r})")
+            return int(value)
+    return None

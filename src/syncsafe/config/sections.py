@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from syncsafe.config.base import CONTROLLER_POLICIES, RESERVED_SERVER_ARGS, Fraction, PositiveFloat, Strict
+from syncsafe.config.base import CONTROLLER_POLICIES, RESERVED_SERVER_ARGS, Fraction, PositiveFloat, Strict, max_num_seqs
 
 # --------------------------------------------------------------------------- control
 
@@ -276,6 +276,7 @@ class VllmReplay(Strict):
 
     @model_validator(mode="after")
     def _server_identity_is_ours(self) -> VllmReplay:
+        max_num_seqs(self.server_args)  # a malformed --max-num-seqs is refused here, before any server starts
         for arg in self.server_args:
             flag = arg.split("=", 1)[0]
             if flag in RESERVED_SERVER_ARGS:
@@ -353,16 +354,20 @@ class PrimaryTest(Strict):
 
 
 class FidelityTargets(Strict):
-    """What the simulator must reproduce on held-out real replays before its verdicts count."""
+    """What the simulator must reproduce on held-out real replays before its verdicts count.
+
+    The defaults are the protocol's targets and also its limits: a user may demand more (lower errors, a
+    narrower ratio band), never less.
+    """
 
     #: Largest relative error of a replay's E2E p95 (|sim - real| / real), per held-out replay.
-    p95_rel_error_max: PositiveFloat = 0.15
+    p95_rel_error_max: Annotated[float, Field(gt=0, le=0.15)] = 0.15
     #: Largest absolute error of a replay's SLO-violation rate, in percentage points.
-    slo_abs_error_pp_max: PositiveFloat = 3.0
+    slo_abs_error_pp_max: Annotated[float, Field(gt=0, le=3.0)] = 3.0
     #: The paired sync ratio (merge-active p95 / the same requests' p95 in no-sync), simulated / real,
     #: must lie in [sync_ratio_paired_low, sync_ratio_paired_high].
-    sync_ratio_paired_low: PositiveFloat = 0.8
-    sync_ratio_paired_high: PositiveFloat = 1.25
+    sync_ratio_paired_low: Annotated[float, Field(ge=0.8)] = 0.8
+    sync_ratio_paired_high: Annotated[float, Field(gt=0, le=1.25)] = 1.25
 
     @model_validator(mode="after")
     def _ordered(self) -> FidelityTargets:
@@ -375,11 +380,12 @@ class FidelityTargets(Strict):
 class AnalysisConfig(Strict):
     """The evidence protocol's settings (see README, "The evidence protocol")."""
 
-    #: Family-wise error rate of the whole verdict table.
-    alpha: Annotated[float, Field(gt=0, lt=1)] = 0.05
+    #: Family-wise error rate of the whole verdict table (at most 0.1: a verdict at a laxer level claims nothing).
+    alpha: Annotated[float, Field(gt=0, le=0.1)] = 0.05
     primary: PrimaryTest = PrimaryTest()
-    #: A policy whose eval loss may exceed fixed_h's by more than this share is flagged "hurts training".
-    loss_margin: Annotated[float, Field(ge=0)] = 0.01
+    #: A policy whose eval loss may exceed fixed_h's by more than this share is flagged "hurts training"
+    #: (at most 0.01: a user may demand more, never less).
+    loss_margin: Annotated[float, Field(ge=0, le=0.01)] = 0.01
     #: The mechanism gate passes when the lower 95 % bound of the drift-corrected paired sync ratio exceeds
     #: this (a user may demand more, never less).
     gate_ratio_threshold: Annotated[float, Field(ge=1.05)] = 1.05

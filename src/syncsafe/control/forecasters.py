@@ -14,6 +14,8 @@ Both take irregular observations `(t_s, value)` as they arrive and answer
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 
@@ -31,6 +33,13 @@ class EwmaForecaster:
 
     def forecast(self, t_s: float, horizon_s: float) -> float:
         return 0.0 if self.level is None else self.level
+
+    def state(self) -> dict[str, Any]:
+        """What a resumed run needs to forecast on as if never stopped (JSON-able)."""
+        return {"level": self.level}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.level = state["level"]
 
 
 class SeasonalForecaster:
@@ -56,6 +65,14 @@ class SeasonalForecaster:
         self._t.append(t_s)
         self._x.append(value)
         self.fallback.observe(t_s, value)
+
+    def state(self) -> dict[str, Any]:
+        """The observed history and the fallback's level (JSON-able)."""
+        return {"t": list(self._t), "x": list(self._x), "fallback": self.fallback.state()}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self._t, self._x = [float(v) for v in state["t"]], [float(v) for v in state["x"]]
+        self.fallback.restore(state["fallback"])
 
     def _grid_history(self) -> np.ndarray:
         """History resampled on a fixed grid by holding the last observation."""

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -85,6 +86,19 @@ class WaLookahead(Policy):
             self._x.append(cost)
             self.seasonal.observe(s.t_s, cost)
             self.level.observe(s.t_s, cost)
+
+    def state(self) -> dict[str, Any]:
+        return {"seasonal": self.seasonal.state(), "level": self.level.state(), "period": self._period,
+                "period_at": self._period_at, "t": list(self._t), "x": list(self._x)}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.seasonal.restore(state["seasonal"])
+        self.level.restore(state["level"])
+        self._period, self._period_at = state["period"], state["period_at"]
+        self._t.clear()
+        self._t.extend(float(v) for v in state["t"])
+        self._x.clear()
+        self._x.extend(float(v) for v in state["x"])
 
     def _window_costs(self, x: np.ndarray) -> np.ndarray:
         """c[i] = mean of x over the merge window starting at sample i (complete windows only)."""

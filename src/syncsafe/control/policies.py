@@ -37,6 +37,7 @@ from __future__ import annotations
 import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -53,6 +54,14 @@ class Policy(ABC):
 
     def observe(self, samples: Sequence[FleetSignals]) -> None:
         """Fleet samples seen since the last decision (ignored unless the policy forecasts)."""
+
+    def state(self) -> dict[str, Any]:
+        """What changes as the policy runs (random stream, forecast history), JSON-able: a run resumed from a
+        merge checkpoint rebuilds the policy from params and `restore`s this (none for stateless policies)."""
+        return {}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Take back what `state` returned."""
 
     def decide(self, reports: Sequence[LearnerReport], signals: FleetSignals, clock: ClockState) -> Decision:
         since = clock.steps_since_merge
@@ -98,6 +107,12 @@ class RandomDeferral(Policy):
     def __init__(self, defer_prob: float, seed: int) -> None:
         self.defer_prob = defer_prob
         self.rng = np.random.default_rng([seed, zlib.crc32(self.name.encode())])
+
+    def state(self) -> dict[str, Any]:
+        return {"rng": self.rng.bit_generator.state}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.rng.bit_generator.state = state["rng"]
 
     def _decide(self, reports, signals, clock):
         u = float(self.rng.random())
@@ -164,6 +179,12 @@ class WaForecast(WaDiloco):
     def observe(self, samples):
         for s in samples:
             self.forecaster.observe(s.t_s, s.pressure)
+
+    def state(self) -> dict[str, Any]:
+        return {"forecaster": self.forecaster.state()}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.forecaster.restore(state["forecaster"])
 
     def _penalties(self, signals, clock):
         return {"forecast": -self.w_forecast * self.forecaster.forecast(clock.t_s, self.window_s)}

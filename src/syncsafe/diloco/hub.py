@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from itertools import islice
 from pathlib import Path
 
+from syncsafe.config import Params
 from syncsafe.errors import BadInput
 
 DOCUMENT_SUFFIXES = (".jsonl", ".parquet", ".txt")
@@ -46,6 +47,22 @@ def resolve_model(name: str, key: str = "train.hub.model") -> str:
     if not (snapshot / "config.json").is_file():
         raise BadInput(f"{key}: cached snapshot of {name!r} at {snapshot} has no config.json")
     return str(snapshot)
+
+
+def check_hub_inputs(params: Params) -> None:
+    """BadInput now, naming the key, for whatever an island of `train.source: hub` would fail to load: the
+    model (`resolve_model`), a local dataset directory without documents, or a hub dataset without the
+    `datasets` package to stream it."""
+    hub = params.train.hub
+    resolve_model(hub.model)
+    if is_local_dataset(hub.dataset):
+        next(local_documents(hub.dataset, hub.text_field))
+        return
+    import importlib.util
+
+    if importlib.util.find_spec("datasets") is None:
+        raise BadInput(f"train.hub.dataset: streaming hub dataset {hub.dataset!r} needs the `datasets` package, "
+                       "which is not installed (or give a local dataset directory)")
 
 
 def is_local_dataset(name: str) -> bool:

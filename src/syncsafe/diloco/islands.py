@@ -36,10 +36,18 @@ CMD_TRAIN, CMD_MERGE, CMD_STOP = 1, 2, 3
 
 @dataclass(frozen=True)
 class Fault:
-    """A fault drill: island `island` kills itself (SIGKILL) before inner step `step`."""
+    """A fault drill: island `island` kills itself (SIGKILL) before inner step `step`; with
+    `SYNCSAFE_FAULT_MARK` set, it first writes the wall time of its death there (a test's readiness file)."""
 
     island: int
     step: int
+
+    def fire(self) -> None:
+        mark = os.environ.get("SYNCSAFE_FAULT_MARK")
+        if mark:
+            with open(mark, "w") as fh:
+                fh.write(f"{time.time()!r}\n")
+        os.kill(os.getpid(), signal.SIGKILL)
 
     @classmethod
     def from_env(cls) -> Fault | None:
@@ -72,7 +80,7 @@ class Island:
         first = last = float("nan")
         for i in range(n):
             if self.fault is not None and self.fault.island == self.island_id and self.fault.step == self.step:
-                os.kill(os.getpid(), signal.SIGKILL)
+                self.fault.fire()
             device = next(self.model.parameters()).device
             loss = causal_lm_loss(self.model, self.batches(self.step).to(device))
             self.inner.zero_grad(set_to_none=True)

@@ -13,21 +13,27 @@ collective timeout plus a grace period.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import signal
+import threading
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm import tqdm
 
 from syncsafe.config import Params
+from syncsafe.diloco.hub import check_hub_inputs
 from syncsafe.diloco.resources import prepare_tokenizer
 from syncsafe.diloco.run import TRAIN_LOG_DIR, is_complete, train_dir
-from syncsafe.errors import EXIT_ISLAND_LOST
-from syncsafe.procs import LOOPBACK_ENV, free_port, log_tail
+from syncsafe.diloco.worker import BAD_INPUT_MARK
+from syncsafe.errors import EXIT_BAD_INPUT, EXIT_ISLAND_LOST, BadInput
+from syncsafe.procs import LOOPBACK_ENV, STORE_FD_ENV, die_with_parent, listening_socket, log_tail
 
 GRACE_S = 10.0
 
@@ -61,7 +67,8 @@ def _launch(params_path: Path, regime: str, root: Path, island_ids: list[int], r
     """Run one island group to completion; return the first island that failed, if any."""
     log_dir = Path(root) / TRAIN_LOG_DIR / regime
     log_dir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
+    listener = listening_socket()  # rank 0's store serves on it: the port is ours from now on
+    port = listener.getsockname()[1]
     cmd = [sys.executable, "-m", "syncsafe.diloco.worker", "--params", str(params_path), "--regime", regime,
            "--root", str(root), "--island-ids", ",".join(map(str, island_ids))]
     for policy in dict.fromkeys(p for p, _ in runs):
@@ -77,9 +84,14 @@ def _launch(params_path: Path, regime: str, root: Path, island_ids: list[int], r
         env.pop("SYNCSAFE_FAULT", None)
         if fault:
             env["SYNCSAFE_FAULT"] = fault
+        handed = (listener.fileno(),) if rank == 0 else ()
+        if handed:
+            env[STORE_FD_ENV] = str(listener.fileno())
         log = log_dir / f"{_launch_label(runs)}attempt-{attempt}-island-{island}.log"
         with open(log, "w") as fh:
-            procs.append((island, subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT), log))
+            procs.append((island, subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, pass_fds=handed,
+                                                   preexec_fn=functools.partial(die_with_parent, os.getpid())), log))
+    listener.close()  # rank 0 holds its own copy
     exits: dict[int, tuple[int, Exit]] = {}  # island -> (poll round it was seen dead, exit)
     deadline: float | None = None
     rounds = 0
@@ -90,7 +102,9 @@ def _launch(params_path: Path, regime: str, root: Path, island_ids: list[int], r
             for island, p, log in procs:
                 if island not in exits and p.poll() is not None:
                     exits[island] = (rounds, Exit(island, p.returncode, log))
-                    if p.returncode != 0 and deadline is None:
+                    if p.returncode == EXIT_BAD_INPUT:  # no collective will recover from bad input: stop now
+                        deadline = time.monotonic()
+                    elif p.returncode != 0 and deadline is None:
                         deadline = time.monotonic() + timeout_s + GRACE_S
             done = sum(is_complete(train_dir(root, regime, p, s)) for p, s in runs)
             if done > progress.n:
@@ -105,6 +119,23 @@ def _launch(params_path: Path, regime: str, root: Path, island_ids: list[int], r
     return _first_lost(exits)
 
 
+@contextlib.contextmanager
+def terminated_as_exit() -> Iterator[None]:
+    """SIGTERM raises SystemExit inside the block, so the launcher's cleanup stops every island first."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _first_lost(exits: dict[int, tuple[int, Exit]]) -> Exit | None:
     """The island that failed first; in one poll round, one killed by a signal before one
     that exited with an error (its peers' collectives fail because it is gone)."""
@@ -112,17 +143,35 @@ def _first_lost(exits: dict[int, tuple[int, Exit]]) -> Exit | None:
     return min(failed)[3] if failed else None
 
 
-def train_regime(params: Params, params_path: Path, regime: str, root: Path = Path("."), resume: bool = False,
-                 policies: list[str] | None = None, seeds: list[int] | None = None) -> list[Path]:
-    """Train every (policy, seed) run of `regime`; returns the run directories."""
+def bad_input_line(log: Path) -> str:
+    """What an island that exited on bad input said (`worker.BAD_INPUT_MARK`), else its log's last line."""
+    lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
+    marked = [line.split(BAD_INPUT_MARK, 1)[1].strip() for line in lines if BAD_INPUT_MARK in line]
+    return marked[0] if marked else (lines[-1] if lines else f"bad input (see {log})")
+
+
+def preflight(params: Params, root: Path) -> None:
+    """Resolve what every island will load, in this process, before any island starts: bad input (a hub id
+    not in the cache, a dataset directory without documents, a missing package) is one line and exit 2."""
     if params.train.source == "builtin":
         prepare_tokenizer(params, root)  # once, before the islands race for the cache
+    else:
+        check_hub_inputs(params)
+
+
+def train_regime(params: Params, params_path: Path, regime: str, root: Path = Path("."), resume: bool = False,
+                 policies: list[str] | None = None, seeds: list[int] | None = None) -> list[Path]:
+    """Train every (policy, seed) run of `regime`; returns the run directories.
+
+    The islands die with this process (the kernel signals them when it dies, `die_with_parent`), and a
+    SIGTERM to it stops them before it exits."""
+    preflight(params, root)
     runs = [(p, s) for p in (policies or params.control.policies) for s in (seeds or params.seeds)]
     islands = list(range(params.train.islands))
     fault = os.environ.get("SYNCSAFE_FAULT") or None
     timeout = params.train.collective_timeout_s
     attempt = 0
-    with tqdm(total=len(runs), desc=f"train {regime}", unit="run", leave=False) as progress:
+    with tqdm(total=len(runs), desc=f"train {regime}", unit="run", leave=False) as progress, terminated_as_exit():
         while True:
             pending = [r for r in runs if not is_complete(train_dir(root, regime, *r))] if (resume or attempt) else runs
             if not pending:
@@ -133,6 +182,8 @@ def train_regime(params: Params, params_path: Path, regime: str, root: Path = Pa
             fault = None  # a fault drill fires once
             if lost is None:
                 break
+            if lost.returncode == EXIT_BAD_INPUT:
+                raise BadInput(f"train {regime}: {bad_input_line(lost.log)}")
             message = (f"train {regime}: island {lost.island} {lost.describe()}; "
                        f"log {lost.log}:\n{log_tail(lost.log, 15)}")
             survivors = [i for i in islands if i != lost.island]

@@ -26,19 +26,21 @@ Checkpoints are removed once the run is complete.
 
 from __future__ import annotations
 
-import pickle
+import json
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 import torch.distributed as dist
 
 from syncsafe import io
 from syncsafe.artifacts import layout
+from syncsafe.artifacts.base import read_json
 from syncsafe.artifacts.layout import timing_path
 from syncsafe.artifacts.train_runs import (
     is_complete,
@@ -122,7 +124,7 @@ def train_run(params: Params, regime: str, policy_name: str, seed: int, root: Pa
     island = make_island(params, world, res, seed, fault)
     start = _latest_merge(run_dir) if resume else None
     state: ControlResult | None = None
-    policy: Policy | None = None
+    saved_policy: dict[str, Any] | None = None
     merge_log: list[dict[str, Any]] = []
     if start is None:
         shutil.rmtree(run_dir / layout.CHECKPOINTS_DIR, ignore_errors=True)
@@ -131,9 +133,8 @@ def train_run(params: Params, regime: str, policy_name: str, seed: int, root: Pa
         island.restore(load_checkpoint(layout.island_state_file(checkpoint, world.island_id)))
         island.batches = res.batches_for(world.island_id, world.num_islands, seed, island.step)
         if world.rank == 0:
-            with open(layout.controller_state_file(checkpoint), "rb") as fh:
-                saved = pickle.load(fh)
-            state, policy, merge_log = ControlResult.from_dict(saved["state"]), saved["policy"], saved["merges"]
+            saved = read_json(layout.controller_state_file(checkpoint), "controller state")
+            state, merge_log, saved_policy = ControlResult.from_dict(saved["state"]), saved["merges"], saved["policy_state"]
 
     started = time.perf_counter()
 
@@ -146,9 +147,9 @@ def train_run(params: Params, regime: str, policy_name: str, seed: int, root: Pa
 
     if world.rank == 0:
         signals = TimelineSignals(load_timeline(root, regime, seed))
-        if policy is None:
-            calibration = load_calibration(params.control.calibrated.calibration)
-            policy = build_policy(policy_name, params.control, params.merge, seed, calibration, signals.step_s)
+        policy = _policy(params, policy_name, seed, signals.step_s)
+        if saved_policy is not None:
+            policy.restore(saved_policy)
 
         def after_merge(result: ControlResult) -> None:
             record = merge_log[-1]
@@ -156,8 +157,9 @@ def train_run(params: Params, regime: str, policy_name: str, seed: int, root: Pa
             if cfg.merge_eval_batches:
                 record["eval_loss"] = island.eval_loss(res.eval_batches[: cfg.merge_eval_batches])
             k = island.outer.merges_done
-            with io.atomic_path(layout.controller_state_file(layout.merge_checkpoint_dir(run_dir, k))) as tmp:
-                tmp.write_bytes(pickle.dumps({"state": result.to_dict(), "policy": policy, "merges": merge_log}))
+            io.write_text(layout.controller_state_file(layout.merge_checkpoint_dir(run_dir, k)), json.dumps(
+                {"state": result.to_dict(), "policy": policy.name, "policy_state": policy.state(), "merges": merge_log},
+                default=_plain) + "\n")
             io.write_text(layout.latest_checkpoint_pointer(run_dir), f"{k}\n")
             _prune_checkpoints(run_dir, keep=k)
 
@@ -177,6 +179,19 @@ def train_run(params: Params, regime: str, policy_name: str, seed: int, root: Pa
         _write_outputs(params, regime, policy_name, seed, run_dir, world, res, island, result, merge_log, losses,
                        sum(tokens), wall, loop_s, resumed=start is not None)
     dist.barrier()
+
+
+def _policy(params: Params, name: str, seed: int, grid_s: float) -> Policy:
+    """The run's policy as params build it (a resumed run then restores its state from the checkpoint)."""
+    calibration = load_calibration(params.control.calibrated.calibration)
+    return build_policy(name, params.control, params.merge, seed, calibration, grid_s)
+
+
+def _plain(value: Any) -> Any:
+    """JSON for the numpy scalars of merge statistics."""
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
 def _prune_checkpoints(run_dir: Path, keep: int) -> None:

@@ -25,10 +25,15 @@ import torch
 import torch.distributed as dist
 
 from syncsafe.config import Params, load_params
+from syncsafe.errors import EXIT_BAD_INPUT, BadInput
 from syncsafe.diloco.islands import Fault
 from syncsafe.diloco.resources import builtin_resources, hub_resources
 from syncsafe.diloco.run import World, is_complete, train_dir, train_run
-from syncsafe.procs import LOOPBACK, loopback_store
+from syncsafe.procs import LOOPBACK, inherited_listener, loopback_store
+
+
+#: The line an island writes before exiting 2 on bad input; the launcher repeats what follows it.
+BAD_INPUT_MARK = "bad input:"
 
 
 def _world(params: Params, island_ids: list[int] | None) -> World:
@@ -61,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     backend = "nccl" if world.device.type == "cuda" else "gloo"
     timeout = timedelta(seconds=params.train.collective_timeout_s)
     if os.environ.get("MASTER_ADDR") == LOOPBACK:  # one machine: the store listens on loopback only
-        store = loopback_store(world.rank, world.world_size, int(os.environ["MASTER_PORT"]), timeout)
+        store = loopback_store(world.rank, world.world_size, int(os.environ["MASTER_PORT"]), timeout,
+                               inherited_listener())
         dist.init_process_group(backend, store=store, rank=world.rank, world_size=world.world_size, timeout=timeout)
     else:  # across nodes (torchrun): the rendezvous address torchrun gives
         dist.init_process_group(backend, init_method="env://", rank=world.rank, world_size=world.world_size,
@@ -76,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
                 train_run(params, args.regime, policy, seed, args.root, world, res, resume=args.resume, fault=fault)
                 if world.rank == 0:
                     print(f"trained {args.regime}/{policy}/seed-{seed}", flush=True)
+    except BadInput as err:  # input the launcher should have refused: the stage exits 2 naming it, not "island lost"
+        print(f"{BAD_INPUT_MARK} {err}", file=sys.stderr, flush=True)
+        return EXIT_BAD_INPUT
     except Exception as err:  # one clear line naming the island, then the traceback for the log
         print(f"island {world.island_id} (rank {world.rank}) failed: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
         traceback.print_exc()

@@ -2,7 +2,10 @@
 
 Both load params.yaml, choose the regimes (per the stage's declaration), import
 the stage's entry lazily (only that stage's code is loaded) and call it once per
-regime inside the stage's tracking: the one place a stage run is tracked.
+regime inside the stage's tracking: the one place a stage run is tracked. First
+they clear what a killed earlier run left: scratch folders of processes that are
+gone (`procs.reap_scratch`) and temporary or half-swapped files of the stage's
+outputs (`io.reap_leftovers`).
 Bad input is one line on stderr and exit 2 (`syncsafe.pipeline.failures`).
 """
 
@@ -16,8 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from syncsafe.config import ConfigError, Params, load_params
-from syncsafe.pipeline.declarations import StageSpec, stage
+from syncsafe.io import reap_leftovers
+from syncsafe.pipeline.declarations import REGIME, StageSpec, stage
 from syncsafe.pipeline.failures import fails_cleanly
+from syncsafe.procs import reap_scratch
 
 
 def entry_function(spec: StageSpec, attr: str | None = None) -> Callable[..., str]:
@@ -57,7 +62,10 @@ def run_stage(name: str, params: Params, root: Path, params_path: Path, regimes:
         echo(entry_function(spec, "off")(params, root))
         return
     entry = entry_function(spec)
+    reap_scratch(Path(root))
     for regime in regimes_of(spec, params, regimes):
+        for output in spec.outputs:  # what a killed earlier run of this stage left half-written
+            reap_leftovers(Path(root) / (output.replace(REGIME, regime) if regime else output))
         with tracked_stage(spec.name, root=Path(root), params=params, regime=regime, sections=list(spec.params),
                            system_metrics=spec.system_metrics):
             message = entry(params, Path(root), regime, Path(params_path), **options)

@@ -34,6 +34,7 @@ import aiohttp
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from syncsafe.config import max_num_seqs
 from syncsafe.control.live_signals import sum_samples
 from syncsafe.control.serving_model import MAX_MERGE_SHARE, Calibration
 
@@ -45,19 +46,6 @@ HISTOGRAMS = (
     "vllm:e2e_request_latency_seconds",
 )
 COUNTERS = ("vllm:generation_tokens_total", "vllm:prompt_tokens_total")
-
-
-def max_num_seqs(server_args: Sequence[str]) -> int | None:
-    """The value of `--max-num-seqs` in vLLM server arguments, or None."""
-    args = list(server_args)
-    for i, arg in enumerate(args):
-        m = re.fullmatch(r"--max[-_]num[-_]seqs(?:=(\d+))?", arg)
-        if m:
-            value = m.group(1) if m.group(1) is not None else (args[i + 1] if i + 1 < len(args) else None)
-            if value is None or not str(value).isdigit() or int(value) < 1:
-                raise ValueError(f"server_args: --max-num-seqs needs a positive whole number (got {value!r})")
-            return int(value)
-    return None
 
 
 def parse_metrics(text: str) -> dict[str, float]:

@@ -23,13 +23,14 @@ import multiprocessing as mp
 import os
 import queue
 import shutil
-import tempfile
+import socket
 import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Literal
 
-from syncsafe.procs import LOOPBACK_ENV, die_with_parent, free_port, loopback_store
+from syncsafe.procs import LOOPBACK_ENV, die_with_parent, listening_socket, loopback_store
+from syncsafe.procs import scratch_dir as new_scratch_dir
 from syncsafe.serving.placement import CpuPlacement
 
 Mode = Literal["merge", "stress"]
@@ -40,7 +41,8 @@ class InterferenceError(RuntimeError):
 
 
 def _worker(rank: int, world: int, port: int, mode: Mode, numel: int, scratch: str,
-            commands: mp.Queue, results: mp.Queue, parent: int, placement: CpuPlacement | None) -> None:
+            commands: mp.Queue, results: mp.Queue, parent: int, placement: CpuPlacement | None,
+            listener: socket.socket | None) -> None:
     die_with_parent(parent)  # a killed stage leaves no worker behind
     if placement is not None:  # beside the server, on its CPUs: the merge takes the server's compute, not the client's
         placement.pin_background()
@@ -51,7 +53,7 @@ def _worker(rank: int, world: int, port: int, mode: Mode, numel: int, scratch: s
     torch.set_num_threads(1)
     if mode == "merge":
         timeout = timedelta(seconds=120)
-        dist.init_process_group("gloo", store=loopback_store(rank, world, port, timeout), rank=rank,
+        dist.init_process_group("gloo", store=loopback_store(rank, world, port, timeout, listener), rank=rank,
                                 world_size=world, timeout=timeout)
     generator = torch.Generator().manual_seed(rank)
     pseudo_gradient = torch.randn(numel, generator=generator)
@@ -61,6 +63,7 @@ def _worker(rank: int, world: int, port: int, mode: Mode, numel: int, scratch: s
     checkpoint = Path(scratch) / f"merge-checkpoint-{rank}.pt"
     while True:
         windows = commands.get()
+        received = time.time()
         if windows is None:
             break
         worked = []
@@ -85,7 +88,7 @@ def _worker(rank: int, world: int, port: int, mode: Mode, numel: int, scratch: s
                     a = torch.tanh(a @ a / 384.0)
                     iterations += 1
             worked.append((began, time.time(), iterations))
-        results.put((rank, worked))
+        results.put((rank, (received, worked)))
     if mode == "merge":
         dist.destroy_process_group()
 
@@ -94,20 +97,24 @@ class MergeInterference:
     """Worker processes that run merge work during the windows they are given."""
 
     def __init__(self, mode: Mode, workers: int, payload_numel: int, scratch_dir: Path | None = None,
-                 ready_timeout_s: float = 180.0, placement: CpuPlacement | None = None) -> None:
-        """`scratch_dir`: where merge checkpoints are written; None = a temporary directory
-        outside every stage output, removed on exit. Entering waits up to `ready_timeout_s` for
-        every worker to start. `placement`: the workers run on the server's CPUs (or at its priority)."""
+                 ready_timeout_s: float = 180.0, placement: CpuPlacement | None = None,
+                 scratch_root: Path = Path(".")) -> None:
+        """`scratch_dir`: where merge checkpoints are written; None = a scratch folder of the project at
+        `scratch_root` (`procs.scratch_dir`: outside every stage output, removed on exit, reaped by the next
+        stage start when this process is killed first). Entering waits up to `ready_timeout_s` for every
+        worker to start. `placement`: the workers run on the server's CPUs (or at its priority)."""
         self.ready_timeout_s = ready_timeout_s
         self.placement = placement
         self.mode = mode
         self.world = workers
         self.numel = payload_numel
         self._own_scratch = scratch_dir is None
-        self.scratch = Path(tempfile.mkdtemp(prefix="syncsafe-merge-")) if scratch_dir is None else Path(scratch_dir)
+        self.scratch = new_scratch_dir(scratch_root, "merge") if scratch_dir is None else Path(scratch_dir)
         self._procs: list[mp.Process] = []
         self._commands: list[mp.Queue] = []
         self._results: mp.Queue | None = None
+        #: When rank 0 received the windows of the last `collect`ed submission (wall epoch).
+        self.received: float | None = None
 
     @property
     def pids(self) -> list[int]:
@@ -118,14 +125,17 @@ class MergeInterference:
         ctx = mp.get_context("spawn")
         self.scratch.mkdir(parents=True, exist_ok=True)
         self._results = ctx.Queue()
-        port = free_port()
+        listener = listening_socket()  # rank 0's store serves on it: the port is ours from now on
+        port = listener.getsockname()[1]
         for rank in range(self.world):
             q = ctx.Queue()
             p = ctx.Process(target=_worker, args=(rank, self.world, port, self.mode, self.numel, str(self.scratch),
-                                                  q, self._results, os.getpid(), self.placement), daemon=True)
+                                                  q, self._results, os.getpid(), self.placement,
+                                                  listener if rank == 0 else None), daemon=True)
             p.start()
             self._procs.append(p)
             self._commands.append(q)
+        listener.close()  # rank 0 holds its own copy
         try:
             self._wait_ready()
         except BaseException:
@@ -161,13 +171,17 @@ class MergeInterference:
             q.put(list(windows))
 
     def collect(self, timeout_s: float) -> list[tuple[float, float, int]]:
-        """Wait for every worker's report; rank 0's worked intervals (begin, end, iterations)."""
+        """Wait for every worker's report; rank 0's worked intervals (begin, end, iterations).
+
+        `received` then holds when rank 0 took the windows off its queue (wall epoch): a window can
+        begin no earlier than that, whenever it was submitted."""
         reports = {}
         deadline = time.monotonic() + timeout_s
         while len(reports) < self.world:
-            rank, worked = self._next_report(deadline, f"report within {timeout_s:.0f} s")
-            reports[rank] = worked
-        return reports[0]
+            rank, report = self._next_report(deadline, f"report within {timeout_s:.0f} s")
+            reports[rank] = report
+        self.received, worked = reports[0]
+        return worked
 
     def __exit__(self, *exc) -> None:
         for q in self._commands:

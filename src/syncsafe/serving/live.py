@@ -178,8 +178,8 @@ class LiveSession:
         self.vocab, numel = _model_facts(self.model)
         self.server = VllmServer(resolve_python(cfg.python), self.model, layout.at(root, layout.LIVE_SERVER_LOG),
                                  cfg.server_args, cfg.startup_timeout_s,
-                                 cache_dir=layout.at(Path(root).resolve(), layout.VLLM_CACHE))
-        self.work = MergeInterference(cfg.interference, cfg.interference_workers, numel)
+                                 cache_dir=layout.at(Path(root).resolve(), layout.VLLM_CACHE), scratch_root=root)
+        self.work = MergeInterference(cfg.interference, cfg.interference_workers, numel, scratch_root=root)
         self.loadgen = ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn"),  # dies with the sidecar
                                            initializer=die_with_parent, initargs=(os.getpid(),))
         self.res = builtin_resources(params, root, cpu_world(0, params.train.islands, params))

@@ -48,7 +48,7 @@ from syncsafe.diloco.islands import DistributedLearners, Island, follow
 from syncsafe.diloco.outer import MergeStats
 from syncsafe.diloco.run import Resources, World, make_island
 from syncsafe.errors import EXIT_ISLAND_LOST
-from syncsafe.procs import LOOPBACK_ENV, die_with_parent, free_port, log_tail, loopback_store
+from syncsafe.procs import LOOPBACK_ENV, die_with_parent, listening_socket, log_tail, loopback_store
 from syncsafe.serving.interference import MergeInterference
 
 
@@ -130,7 +130,8 @@ class IslandGroup:
         self.learners: DistributedLearners | None = None
 
     def __enter__(self) -> IslandGroup:
-        port = free_port()
+        listener = listening_socket()  # this process is rank 0: its store serves on it
+        port = listener.getsockname()[1]
         os.environ.update(LOOPBACK_ENV)  # gloo of rank 0 binds to loopback like the followers'
         logs = self.run_dir / layout.RUN_LOGS_DIR
         logs.mkdir(parents=True, exist_ok=True)
@@ -147,7 +148,7 @@ class IslandGroup:
         timeout = timedelta(seconds=self.params.train.collective_timeout_s)
         torch.set_num_threads(self.params.train.torch_threads)  # as the followers: no spinning OpenMP team
         try:
-            dist.init_process_group("gloo", store=loopback_store(0, self.size, port, timeout), rank=0,
+            dist.init_process_group("gloo", store=loopback_store(0, self.size, port, timeout, listener), rank=0,
                                     world_size=self.size, timeout=timeout)
         except Exception as err:
             self._raise_lost(err)

@@ -39,7 +39,7 @@ from syncsafe.artifacts.calibration import model_json
 from syncsafe.artifacts.replay_sets import write_signals, write_windows
 from syncsafe.artifacts.schedule_sets import read_schedule_index
 from syncsafe.artifacts.traces import read_requests, read_timeline
-from syncsafe.config import Params
+from syncsafe.config import Params, max_num_seqs
 from syncsafe.control.live_signals import sum_samples
 from syncsafe.schedules.action_space import ActionSpace
 from syncsafe.schedules.schedule import Schedule, read_schedule, write_schedule
@@ -51,7 +51,7 @@ from syncsafe.serving.metrics import SloSpec, replay_validity
 from syncsafe.serving.placement import CpuPlacement
 from syncsafe.serving.real_plan import plan_real_arm
 from syncsafe.serving.replay import index_row, replay_path, request_results, resolve_slo, wall_windows, write_replay, write_set_index
-from syncsafe.serving.engine_profile import ServerProfile, max_num_seqs, profile_server
+from syncsafe.serving.engine_profile import ServerProfile, profile_server
 from syncsafe.serving.vllm_plan import RealPlan, RegimePlan, check_span_budget, replay_order, span_draws
 from syncsafe.serving.vllm_server import ServerError, VllmServer, resolve_python
 
@@ -315,7 +315,8 @@ def replay_vllm(params: Params, root: Path = Path(".")) -> pd.DataFrame:
     vocab, numel = _model_facts(model)
     placement = CpuPlacement.split(cfg.client_cpus)
     server = VllmServer(resolve_python(cfg.python), model, server_log_path(root), cfg.server_args,
-                        cfg.startup_timeout_s, cache_dir=root.resolve() / layout.VLLM_CACHE, placement=placement)
+                        cfg.startup_timeout_s, cache_dir=root.resolve() / layout.VLLM_CACHE, placement=placement,
+                        scratch_root=root)
     rows: list[dict] = []
     repeats: list[dict] = []
     clock = _PhaseClock()

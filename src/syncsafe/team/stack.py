@@ -67,8 +67,7 @@ def load(layout: Layout) -> dict[str, Any]:
 
 
 def save(layout: Layout, state: Mapping[str, Any]) -> None:
-    write_json(layout.state, dict(state))
-    os.chmod(layout.state, 0o600)  # role passwords and secrets
+    write_json(layout.state, dict(state), mode=0o600)  # role passwords and secrets: owner-only from creation on
 
 
 def _secrets(old: Mapping[str, str]) -> dict[str, str]:
@@ -152,17 +151,16 @@ def _start_all(layout: Layout, state: dict[str, Any], redis: str, timeout_s: flo
     daemons.wait_until(lambda: _redis_ping(ports["redis"]), what="redis", timeout_s=60, record=rec)
 
     layout.artifacts.mkdir(parents=True, exist_ok=True)
+    # the store URI holds the role's password: through the environment, never the command line (ps, logs)
+    store = {"MLFLOW_BACKEND_STORE_URI": c.url("mlflow", s["mlflow_db"], ports["postgres"], "mlflow")}
     rec = started("mlflow", [str(layout.mlflow), "server", "--host", LOOPBACK, "--port", str(ports["mlflow"]),
-                             "--workers", "2", "--backend-store-uri",
-                             c.url("mlflow", s["mlflow_db"], ports["postgres"], "mlflow"),
-                             "--artifacts-destination", str(layout.artifacts)], base_env)
+                             "--workers", "2", "--artifacts-destination", str(layout.artifacts)], {**base_env, **store})
     daemons.wait_until(lambda: daemons.http_ok(urls(state)["mlflow"] + "/health"), what="mlflow server",
                        timeout_s=timeout_s, record=rec)
 
     aenv = {**base_env, **env(layout, state)}
     layout.airflow_home.mkdir(parents=True, exist_ok=True)
-    (layout.airflow_home / "passwords.json").write_text(json.dumps({af.ADMIN: s["admin"]}))
-    os.chmod(layout.airflow_home / "passwords.json", 0o600)
+    write_json(layout.airflow_home / "passwords.json", {af.ADMIN: s["admin"]}, mode=0o600)
     _airflow_cli(layout, aenv, ["db", "migrate"], timeout_s)
     _airflow_cli(layout, aenv, ["pools", "set", af.GPU_POOL, "1", "GPU nodes for syncsafe train and replay_vllm"],
                  timeout_s)

@@ -9,6 +9,7 @@ import statistics
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from syncsafe.errors import BadInput
 from syncsafe.tracking.settings import (
     DEFAULT_METRIC,
     TAG_KIND,
@@ -122,14 +123,16 @@ def build_compare_table(runs: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.
 
     column = f"metrics.{metric}"
     if runs.empty or column not in runs.columns or runs[column].notna().sum() == 0:
-        raise ValueError(f"no tracked runs have metric {metric!r}")
+        available = sorted(c.removeprefix("metrics.") for c in runs.columns if c.startswith("metrics."))
+        raise BadInput(f"--metric {metric!r}: no tracked run has it"
+                       + (f"; tracked metrics: {', '.join(available)}" if available else ""))
     df = pd.DataFrame({"value": runs[column], "start_time": runs.get("start_time")})
     for tag in ("stage", *_KEY, "seed", "draw"):
         df[tag] = runs.get(f"tags.{tag}", pd.Series("", index=runs.index)).fillna("").astype(str)
     df = df[df["value"].notna()]
     stages = sorted(df["stage"].unique())
     if len(stages) > 1:
-        raise ValueError(f"metric {metric!r} is logged by stages {', '.join(stages)}; choose one with --stage")
+        raise BadInput(f"--metric {metric!r} is logged by stages {', '.join(stages)}; choose one with --stage")
     df = df.sort_values("start_time", kind="stable").drop_duplicates(
         ["stage", *_KEY, "seed", "draw"], keep="last"
     )

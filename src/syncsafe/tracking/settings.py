@@ -15,6 +15,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from syncsafe.procs import redact
+
 DEFAULT_EXPERIMENT = "syncsafe"
 DEFAULT_METRIC = "slo_violation_rate"
 DB_NAME = "mlflow.db"
@@ -122,11 +124,6 @@ def one_line(err: BaseException) -> str:
     """An error as one line of at most ~300 characters, its type first."""
     text = " ".join(str(err).split())
     return f"{type(err).__name__}: {text[:300]}{'...' if len(text) > 300 else ''}"
-
-
-def redact(uri: str) -> str:
-    """The URI without any ``user:password@``."""
-    return re.sub(r"//[^/@]*@", "//***@", uri)
 
 
 def _safe_name(text: str) -> str:

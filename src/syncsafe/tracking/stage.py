@@ -75,6 +75,8 @@ class StageHandle:
     artifacts: list[Path] = field(default_factory=list)
     #: Set on a successful exit; None when tracking is off or failed.
     record: StageRecord | None = None
+    #: The stage run's id while the stage runs ("" when tracking is off or failed to start).
+    run_id: str = ""
 
     def add(self, run: TrackedRun) -> None:
         """An item run beside the collector's."""
@@ -128,6 +130,7 @@ def tracked_stage(
         values = section_params(params, keys) if params is not None else {}
         profile = str((params.get("profile") if isinstance(params, Mapping) else getattr(params, "profile", "")) or "")
         session.open(flatten_params(values), profile, bool(system_metrics))
+        handle.run_id = session.stage_id
     except Exception as err:  # noqa: BLE001 - any store failure, by policy
         session.fail("could not start tracking", err)
         yield handle
@@ -246,15 +249,17 @@ class _Session:
         return StageRecord(self.uri, self.experiment_id, self.pipeline, self.parent, self.stage_id, tuple(self.done))
 
     def end_failed(self) -> None:
+        """Both runs FAILED, each on its own: a store error on the stage run leaves the parent no less failed."""
         self._stop_monitor()
-        with contextlib.suppress(Exception):
-            self.client.set_terminated(self.stage_id, "FAILED")
-            self.client.set_terminated(self.parent, "FAILED")
+        for run_id in (self.stage_id, self.parent):
+            with contextlib.suppress(Exception):
+                self.client.set_terminated(run_id, "FAILED")
 
     def end_incomplete(self) -> None:
         self._stop_monitor()
         with contextlib.suppress(Exception):
             self.client.set_tag(self.stage_id, "syncsafe.tracking_incomplete", "true")
+        with contextlib.suppress(Exception):
             self.client.set_terminated(self.stage_id, "FAILED")
 
     def fail(self, what: str, err: BaseException) -> None:

@@ -17,10 +17,10 @@ CONTRACT = ["regime", "policy", "n_seeds", "slo_pct_mean", "sync_excess_pct_mean
 
 @pytest.fixture
 def write_evidence(mechanism, fidelity):
-    def write(tmp_path, regimes=("bursty",)):
+    def write(tmp_path, regimes=("bursty",), policies=("wa_diloco",)):
         mech, fid = tmp_path / "mechanism.json", tmp_path / "fidelity.json"
         mech.write_text(mechanism(*regimes).model_dump_json())
-        fid.write_text(fidelity(*regimes).model_dump_json())
+        fid.write_text(fidelity(*regimes, policies=policies).model_dump_json())
         return mech, fid
 
     return write
@@ -31,7 +31,7 @@ def test_analyze_external_table_writes_the_contract_and_exact_tiers(tmp_path, wr
     runs = tmp_path / "runs.csv"
     effects = {"fixed_h": 0.01, "wa_diloco": -0.04, "wa_forecast": -0.04}
     synthetic_runs(regimes=("bursty",), effects=effects, n_seeds=8, n_draws=10, noise=0.002).to_csv(runs, index=False)
-    mech, fid = write_evidence(tmp_path)
+    mech, fid = write_evidence(tmp_path, policies=("wa_diloco", "wa_forecast"))
     out = tmp_path / "report"
     result = CliRunner().invoke(app, ["analyze", "--runs", str(runs), "--out", str(out), "--mechanism", str(mech),
                                       "--fidelity", str(fid), "--primary", "wa_diloco@bursty"])

@@ -86,7 +86,7 @@ def test_a_failing_write_leaves_no_partial_files(clear_winner, tmp_path, monkeyp
 def test_synthetic_runs_known_effects(mechanism, fidelity, tmp_path):
     frame = synthetic_runs(regimes=("bursty",), n_seeds=6, n_draws=5, noise=0.002,
                            effects={"fixed_h": 0.01, "wa_calibrated": -0.03})
-    table = analyze_runs(frame, tmp_path, mechanism("bursty"), fidelity=fidelity("bursty", policy="wa_calibrated"),
+    table = analyze_runs(frame, tmp_path, mechanism("bursty"), fidelity=fidelity("bursty", policies=("wa_calibrated",)),
                          primary=("wa_calibrated", "bursty")).policy_table.set_index("policy")
     assert table.loc["wa_calibrated", "tier"] == "beats matched random"
     assert table.loc["fixed_h", "tier"] == "mechanism transfers"

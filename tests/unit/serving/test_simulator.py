@@ -112,12 +112,31 @@ def test_latency_rises_only_for_requests_overlapping_merge_windows():
     base = simulate_replay(reqs, tl, schedule([]), CAL, seed=0)
     merged = simulate_replay(reqs, tl, merges, CAL, seed=0)
     outside = ~merged["merge_active"].to_numpy()
-    assert outside.sum() > 50 and (~outside).sum() >= 4
+    assert outside.sum() > 50 and (~outside).sum() >= 8
     for column in ("ttft_ms", "e2e_ms"):  # light load: no queue carries a merge beyond its window
         assert merged[column].to_numpy()[outside] == pytest.approx(base[column].to_numpy()[outside], rel=1e-9)
-    ratio = (merged["e2e_ms"] / base["e2e_ms"]).to_numpy()[~outside]
-    worst = 1.0 / (1.0 - max(CAL.merge_shares()))  # up to the jitter of the seconds the stretched work moves into
-    assert (ratio > 1.0).all() and (ratio <= worst * 1.05).all() and np.median(ratio) == pytest.approx(worst, rel=0.01)
+    assert ((merged["e2e_ms"] / base["e2e_ms"]).to_numpy()[~outside] > 1.0).all()
+
+
+def test_a_merge_stretches_a_request_s_work_by_at_most_the_merge_slowdown():
+    """At constant machine speed (no pressure swing, no jitter) a request stretches by exactly the slowdown
+    for the part of its work inside a window: never more. (Under a time-varying speed the stretched work
+    moves into other seconds, and the ratio can exceed the slowdown by what those seconds are slower:
+    1.80089 against 1.8 on `light_load`; a property of the model, not of the merge.)"""
+    reqs, _ = light_load()
+    flat = timeline(240, 0.5)
+    steady = CAL.model_copy(update={"residual_sigma": 0.0})
+    base = simulate_replay(reqs, flat, schedule([]), steady, seed=0)
+    merged = simulate_replay(reqs, flat, schedule([20.0, 60.0, 100.0, 150.0]), steady, seed=0)
+    active = merged["merge_active"].to_numpy()
+    ratio = (merged["e2e_ms"] / base["e2e_ms"]).to_numpy()[active]
+    assert active.sum() >= 8 and (ratio > 1.0).all() and (ratio <= steady.merge_slowdown * (1 + 1e-12)).all()
+    start = merged["arrival_s"].to_numpy()
+    inside = active & schedule([20.0, 60.0, 100.0, 150.0]).windows_mask(start + merged["e2e_ms"].to_numpy() / 1000)
+    inside &= schedule([20.0, 60.0, 100.0, 150.0]).windows_mask(start)  # whole life inside a window
+    assert inside.sum() >= 4
+    whole = (merged["e2e_ms"] / base["e2e_ms"]).to_numpy()[inside]
+    assert whole == pytest.approx(np.full(inside.sum(), steady.merge_slowdown), rel=1e-9)
 
 
 def test_a_merge_builds_a_queue_that_outlasts_its_window(params):
@@ -131,7 +150,7 @@ def test_a_merge_builds_a_queue_that_outlasts_its_window(params):
     pd.testing.assert_frame_equal(merged[done_before], base[done_before])
     knock_on = ~merged["merge_active"] & (merged["e2e_ms"] > base["e2e_ms"] * 1.01)
     assert knock_on.any()
-    assert (merged["e2e_ms"] >= base["e2e_ms"] - 1e-6).mean() > 0.95  # merges never make serving faster overall
+    assert (merged["e2e_ms"] >= base["e2e_ms"] - 1e-9).all()  # merges never make serving faster
 
 
 def test_mechanism_shows_in_the_summary(params):

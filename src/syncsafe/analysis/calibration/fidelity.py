@@ -24,7 +24,7 @@ from matplotlib.figure import Figure
 
 from syncsafe.analysis.calibration.mechanism import active_pairs
 from syncsafe.analysis.calibration.records import ReplayRecord, no_sync_records, ok_mask, p95, simulate_record
-from syncsafe.analysis.evidence import FidelityEvidence, SignAgreement
+from syncsafe.analysis.evidence import FidelityEvidence, RegimeFidelity, SignAgreement
 from syncsafe.analysis.figures import write_png
 from syncsafe.config import FidelityTargets
 from syncsafe.io import atomic_path
@@ -81,6 +81,29 @@ def sign_agreement(table: pd.DataFrame) -> list[SignAgreement]:
     return out
 
 
+def _errors(table: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(p95 relative errors, SLO-rate errors) of fidelity-table rows; a p95 error that could not be computed
+    (no real or simulated p95) is infinite, so it fails its target instead of dropping out."""
+    p95_err = table["p95_rel_error"].to_numpy(dtype=float)
+    return np.where(np.isfinite(p95_err), p95_err, np.inf), table["slo_abs_error_pp"].to_numpy(dtype=float)
+
+
+def _paired_ratio(real: Sequence[ReplayRecord], sims: Sequence[ReplayRecord]) -> tuple[float | None, float | None]:
+    real_pairs, sim_pairs = active_pairs(list(real)), active_pairs(list(sims))
+    return p95_ratio(real_pairs.mine, real_pairs.twin), p95_ratio(sim_pairs.mine, sim_pairs.twin)
+
+
+def regime_fidelity(real: Sequence[ReplayRecord], sims: Sequence[ReplayRecord], table: pd.DataFrame
+                    ) -> RegimeFidelity:
+    """One regime's errors (its rows of the fidelity table, its real and simulated records)."""
+    p95_err, slo_err = _errors(table)
+    real_ratio, sim_ratio = _paired_ratio(real, sims)
+    return RegimeFidelity(
+        n_held_out_replays=len(table), p95_rel_error_max=float(p95_err.max()) if p95_err.size else None,
+        slo_abs_error_pp_max=float(slo_err.max()) if slo_err.size else None,
+        sync_ratio_paired_sim_over_real=sim_ratio / real_ratio if real_ratio and sim_ratio else None)
+
+
 def fidelity_evidence(
     held_out: Sequence[ReplayRecord], calibration: Calibration, *, fit_seeds: Sequence[int],
     held_out_seeds: Sequence[int], targets: FidelityTargets, slo_multiplier: float = 1.5,
@@ -89,22 +112,24 @@ def fidelity_evidence(
     """FidelityEvidence of `calibration` on the held-out replays, the per-replay table and the simulated records."""
     sims = [simulate_record(r, calibration) for r in held_out]
     table = fidelity_table(held_out, sims, slo_multiplier)
-    real_pairs, sim_pairs = active_pairs(list(held_out)), active_pairs(sims)
-    real_ratio = p95_ratio(real_pairs.mine, real_pairs.twin)
-    sim_ratio = p95_ratio(sim_pairs.mine, sim_pairs.twin)
-    p95_err = table["p95_rel_error"].to_numpy(dtype=float)
-    p95_err = p95_err[np.isfinite(p95_err)]
-    slo_err = table["slo_abs_error_pp"].to_numpy(dtype=float)
+    real_ratio, sim_ratio = _paired_ratio(held_out, sims)
+    p95_err, slo_err = _errors(table)
+    finite = p95_err[np.isfinite(p95_err)]
+    regimes = {
+        regime: regime_fidelity([r for r in held_out if r.regime == regime], [s for s in sims if s.regime == regime],
+                                table[table["regime"] == regime])
+        for regime in sorted({r.regime for r in held_out})
+    }
     evidence = FidelityEvidence(
         calibration="fitted" if calibration.fitted else "default", targets=targets,
         fit_seeds=sorted(fit_seeds), held_out_seeds=sorted(held_out_seeds), n_held_out_replays=len(table),
         p95_rel_error_max=float(p95_err.max()) if p95_err.size else None,
-        p95_rel_error_mean=float(p95_err.mean()) if p95_err.size else None,
+        p95_rel_error_mean=float(finite.mean()) if finite.size else None,
         slo_abs_error_pp_max=float(slo_err.max()) if slo_err.size else None,
         slo_abs_error_pp_mean=float(slo_err.mean()) if slo_err.size else None,
         sync_ratio_paired_real=real_ratio, sync_ratio_paired_sim=sim_ratio,
         sync_ratio_paired_sim_over_real=sim_ratio / real_ratio if real_ratio and sim_ratio else None,
-        sign_agreement=sign_agreement(table), notes=list(notes),
+        regimes=regimes, sign_agreement=sign_agreement(table), notes=list(notes),
     )  # fmt: skip
     return evidence, table, sims
 

@@ -17,7 +17,9 @@ Two steps, on wall time (`records.wall_inputs`):
    when there is one) and `pressure_slowdown` (grid) on the no-sync replays
    (objective: mean |log| of the simulated / real p50 and p95 E2E and p50
    TTFT); with a profile, the API server's `request_overhead_ms` and
-   `token_overhead_ms` (latency outside the engine); `residual_sigma` (grid), then
+   `token_overhead_ms` (latency outside the engine); `residual_sigma` (grid; also
+   searched jointly with the scale and pressure, since the jitter moves the
+   quantiles the costs are fitted to), then
    `merge_compute_share` and `merge_share_skew` (grid) on the replays with
    merges (objective: mean |log| of simulated / real p95 E2E of all and of
    the twin-defined merge-active requests).
@@ -140,14 +142,16 @@ def fit_calibration(
                                         decode_ms_per_seq=costs[2] * k))
 
     # with a profile the engine's costs are measured: the scale only absorbs machine-to-run drift, and what the
-    # client sees beyond the engine is the API server's overhead, fitted next
+    # client sees beyond the engine is the API server's overhead, fitted next. The jitter moves the quantiles the
+    # costs are fitted to, so the scale is searched on every (pressure, jitter) pair of the grids, not one by one.
     bounds = PROFILED_SCALE_BOUNDS if profile is not None else SCALE_BOUNDS
     best: tuple[float, Calibration] | None = None
     for ps in PRESSURE_GRID:
-        c_ps = cal.model_copy(update={"pressure_slowdown": ps})
-        x, err = _search(lambda v: _quantile_errors(twins, scaled(c_ps, v)), *bounds)
-        if best is None or err < best[0]:
-            best = (err, scaled(c_ps, x))
+        for sigma in SIGMA_GRID:
+            c_ps = cal.model_copy(update={"pressure_slowdown": ps, "residual_sigma": sigma})
+            x, err = _search(lambda v: _quantile_errors(twins, scaled(c_ps, v)), *bounds)
+            if best is None or err < best[0]:
+                best = (err, scaled(c_ps, x))
     assert best is not None
     cal = best[1]
     if profile is not None:

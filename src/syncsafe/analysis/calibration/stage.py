@@ -40,9 +40,9 @@ from syncsafe.artifacts.calibration import (
     write_fidelity_dir,
 )
 from syncsafe.artifacts.replay_sets import read_set_index, read_summary
-from syncsafe.config import Params
+from syncsafe.config import Params, max_num_seqs
 from syncsafe.control.serving_model import Calibration, simulator_calibration
-from syncsafe.serving.engine_profile import ServerProfile, max_num_seqs
+from syncsafe.serving.engine_profile import ServerProfile
 from syncsafe.serving.vllm_plan import RealPlan, vllm_seed_split
 
 CALIBRATION_DIR = layout.CALIBRATION
