@@ -136,7 +136,7 @@ def test_stage_leaves_nested_runs_with_tags_params_metrics_artifacts(store: Path
     assert {k: draw.data.tags[k] for k in ("policy", "seed", "draw", "matched_to")} == {
         "policy": "matched_random", "seed": "0", "draw": "3", "matched_to": "wa_diloco"
     }
-    assert controller.data.params == {**stage.data.params, "control.min_h": "20"}
+    assert controller.data.params == {"control.min_h": "20"}  # its own: the stage's params are on the stage run
     assert controller.data.metrics == {"n_merges": 7, "busy_overlap": 0.25, "p95 latency/ms": 12.5, "loss": 2.25}
     history = c.get_metric_history(controller.info.run_id, "loss")
     assert sorted((m.step, m.value) for m in history) == [(0, 3.0), (10, 2.5), (20, 2.25)]
@@ -371,7 +371,7 @@ def test_compare_uses_latest_run_and_asks_for_a_stage(store: Path, monkeypatch: 
     with pytest.raises(ValueError, match="logged by stages replay, schedules"):
         compare_table("bursty", root=store)
     assert compare_table("bursty", stage="replay", root=store).seed_0.tolist() == [0.5]
-    with pytest.raises(ValueError, match="no tracked runs have metric 'nope'"):
+    with pytest.raises(ValueError, match="--metric 'nope': no tracked run has it"):
         compare_table("bursty", "nope", root=store)
 
 
@@ -428,12 +428,23 @@ def test_a_small_pipeline_run_leaves_its_stage_and_item_runs(store, params_file,
     items = runs[runs["tags.syncsafe.run_kind"] == "item"]
     for tag in RUN_TAGS:
         assert f"tags.{tag}" in items.columns
-    draws = items[(items["tags.stage"] == "replay-simulator") & (items["tags.policy"] == "matched_random")]
-    n_runs = len(params.seeds) * len(params.control.policies) * params.schedules.random_draws
-    assert len(draws) == n_runs and set(draws["tags.draw"]) == {str(d) for d in range(params.schedules.random_draws)}
-    assert draws["metrics.slo_violation_rate"].between(0, 1).all()
+    # one run per regime x policy x seed: the controllers and no-sync; draws and references inside their controller's
+    replays = items[items["tags.stage"] == "replay-simulator"]
+    assert len(replays) == len(params.seeds) * (len(params.control.policies) + 1)
+    assert set(replays["tags.draw"]) == {""} and set(replays["tags.matched_to"]) == {""}
+    controllers = replays[replays["tags.policy"] != "no_sync"]
+    assert (controllers["metrics.matched_random.n"] == params.schedules.random_draws).all()
+    for stat in ("min", "mean", "max"):
+        assert controllers[f"metrics.matched_random.slo_violation_rate.{stat}"].between(0, 1).all()
+    assert (controllers["metrics.matched_random.slo_violation_rate.min"]
+            <= controllers["metrics.matched_random.slo_violation_rate.max"]).all()
+    assert controllers["metrics.slo_oracle.slo_violation_rate"].notna().all()
     fixed = items[(items["tags.stage"] == "schedules") & (items["tags.policy"] == "fixed_h")]
     assert len(fixed) == 2 and fixed["metrics.n_merges"].gt(0).all()
-    assert (fixed["params.merge.window_s"] == "8.0").all()
+    stages = runs[runs["tags.syncsafe.run_kind"] == "stage"]
+    assert (stages.loc[stages["tags.stage"] == "schedules", "params.merge.window_s"] == "8.0").all()
     client = mlflow.MlflowClient()
-    assert "fixed_h.json" in [a.path for a in client.list_artifacts(fixed["run_id"].iloc[0])]
+    artifacts = [a.path for a in client.list_artifacts(fixed["run_id"].iloc[0])]
+    assert "fixed_h.json" in artifacts and "derived.parquet" in artifacts
+    derived = pd.read_parquet(client.download_artifacts(fixed["run_id"].iloc[0], "derived.parquet"))
+    assert (derived["policy"] == "matched_random").sum() == params.schedules.random_draws

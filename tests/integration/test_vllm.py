@@ -192,12 +192,17 @@ def test_a_replay_beside_a_cpu_hog_is_retried_then_marked_machine_busy(tmp_path,
     require_vllm_python()
     params = load_params(make_project(tmp_path, tiny_raw(), engine_profile=False, budget_s=20, busy_retry_pause_s=1,
                                       capacity_probe_s=2))
-    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    # a foreign process, not a child of this one (the stage's own tree never counts): started through a shell
+    # that exits at once, so it is adopted elsewhere
+    started = subprocess.run(["sh", "-c", f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $!"],
+                             capture_output=True, text=True, check=True)
+    hog = psutil.Process(int(started.stdout.strip()))
+    assert hog.pid not in {p.pid for p in psutil.Process().children(recursive=True)}
     try:
         replay_vllm(params, tmp_path)
     finally:
         hog.kill()
-        hog.wait()
+        hog.wait(10)
     rows = pd.concat([_replays(tmp_path), _replays(tmp_path, "repeats.csv")])
     assert len(rows) >= 4 and not rows["valid"].any()
     for path in rows["path"]:

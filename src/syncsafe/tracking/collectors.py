@@ -2,10 +2,12 @@
 
 A collector is ``fn(root, params, regime) -> Collected``: after its stage has
 written its outputs (tracking never holds results the disk does not have) it
-reads them through :mod:`syncsafe.artifacts` and returns the item runs (per
-seed for traces; per regime x policy x seed for training; per schedule, draws
-included, for schedules and replays; per regime x policy for the analysis)
-plus stage-level scalars and files. :data:`COLLECTORS` maps a stage name (as
+reads them through :mod:`syncsafe.artifacts` and returns the item runs plus
+stage-level scalars and files. An item run is the unit people compare: per
+seed for traces; per regime x policy x seed for training, schedules and
+replays (`units`: a controller's matched-random draws and references, or a
+no-sync replay's repeated controls, are a table and summary metrics of its
+run, never runs of their own); per regime x policy for the analysis. :data:`COLLECTORS` maps a stage name (as
 declared in :mod:`syncsafe.pipeline.declarations`) to its collector.
 
 The collectors import :mod:`syncsafe.artifacts` (and the one computation they
@@ -57,6 +59,60 @@ def _present(paths: list[Path]) -> list[Path]:
     return [p for p in paths if p.exists()]
 
 
+#: Where a unit's rows come from: the unit's own row (a controller or no-sync), or rows derived from it.
+CONTROLLER_SOURCES = ("train", "harness", "live")
+
+
+def units(rows: list[dict[str, Any]], backend: str = "") -> list[TrackedRun]:
+    """One run per (regime, policy, seed) from per-schedule rows (keys regime, policy, seed, draw, matched_to,
+    source, metrics, artifacts; optional `table`: extra table columns of the row).
+
+    A row with ``matched_to`` (a draw, a reference) joins its controller's run: as a row of the run's
+    ``derived`` table, and in its metrics as ``<policy>.<metric>`` (one reference) or
+    ``<policy>.<metric>.min/mean/max`` with ``<policy>.n`` (numbered draws). A row marked ``control`` (a
+    repeated no-sync replay) joins its no-sync run the same way, under ``controls``.
+    """
+    own: dict[tuple, dict[str, Any]] = {}
+    attached: dict[tuple, list[dict[str, Any]]] = {}
+    for row in rows:
+        seed = int(row["seed"])
+        if row.get("control"):
+            attached.setdefault((row["regime"], row["policy"], seed), []).append({**row, "policy": "controls"})
+        elif row.get("matched_to"):
+            attached.setdefault((row["regime"], row["matched_to"], seed), []).append(row)
+        else:
+            own[(row["regime"], row["policy"], seed)] = row
+    runs = []
+    for key, row in own.items():
+        extra = attached.get(key, [])
+        metrics = {**row["metrics"], **_derived_metrics(extra)}
+        table = pd.DataFrame([{"policy": r["policy"], "draw": _na(r.get("draw")), "source": r["source"],
+                               **r.get("table", {}), **r["metrics"]} for r in extra])
+        runs.append(TrackedRun(regime=key[0], policy=key[1], seed=key[2], backend=backend, metrics=metrics,
+                               tags={"source": row["source"]}, artifacts=row.get("artifacts", []),
+                               tables={"derived": table} if extra else {}))  # fmt: skip
+    return runs
+
+
+def _derived_metrics(rows: list[dict[str, Any]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    by_policy: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_policy.setdefault(row["policy"], []).append(row)
+    for policy, group in by_policy.items():
+        names = sorted({k for r in group for k in r["metrics"]})
+        if len(group) == 1 and _na(group[0].get("draw")) is None and policy != "controls":
+            out.update({f"{policy}.{k}": v for k, v in group[0]["metrics"].items()})
+            continue
+        out[f"{policy}.n"] = len(group)
+        for name in names:
+            values = [float(r["metrics"][name]) for r in group if r["metrics"].get(name) is not None]
+            if values:
+                out.update({f"{policy}.{name}.min": min(values), f"{policy}.{name}.mean": sum(values) / len(values),
+                            f"{policy}.{name}.max": max(values)})
+    return out
+
+
 # --------------------------------------------------------------------------- per stage
 
 
@@ -105,28 +161,30 @@ def schedules(root: Path, params: Any, regime: str | None) -> Collected:
 
     index = read_set_index(root, regime)
     loads = {seed: LoadIntegral(read_timeline(root, regime, seed)) for seed in sorted(set(index["seed"].astype(int)))}
-    runs = []
+    rows = []
     for rec in index.itertuples(index=False):
         path = layout.at(root, rec.path)
         schedule = read_schedule(path)
-        runs.append(TrackedRun(
-            regime=regime, policy=rec.policy, seed=int(rec.seed), draw=_na(rec.draw), matched_to=_na(rec.matched_to),
-            metrics={"n_merges": schedule.n_merges, "busy_overlap": busy_overlap_fraction(schedule, loads[int(rec.seed)])},
-            tags={"source": rec.source}, artifacts=[path] if rec.source != "matched_random" else [],
-        ))  # fmt: skip
-    return Collected(runs)
+        rows.append({"regime": regime, "policy": rec.policy, "seed": int(rec.seed), "draw": _na(rec.draw),
+                     "matched_to": _na(rec.matched_to), "source": rec.source, "artifacts": [path],
+                     "metrics": {"n_merges": schedule.n_merges,
+                                 "busy_overlap": busy_overlap_fraction(schedule, loads[int(rec.seed)])},
+                     "table": {"merge_starts_s": " ".join(f"{s:g}" for s in schedule.merge_starts_s)}})
+    return Collected(units(rows))
 
 
-def _replays(root: Path, backend: str, index: pd.DataFrame, files: tuple[str, ...]) -> list[TrackedRun]:
+def _replay_rows(root: Path, index: pd.DataFrame, files: tuple[str, ...] = (layout.SUMMARY_FILE,)
+                 ) -> list[dict[str, Any]]:
     from syncsafe.artifacts.replay_sets import read_summary
 
-    runs = []
-    for rec in index.itertuples(index=False):
-        out = layout.at(root, rec.path)
-        runs.append(TrackedRun(regime=rec.regime, policy=rec.policy, seed=int(rec.seed), draw=_na(rec.draw),
-                               matched_to=_na(rec.matched_to), backend=backend, metrics=_scalars(read_summary(out)),
-                               artifacts=[out / name for name in files]))  # fmt: skip
-    return runs
+    rows = []
+    for rec in index.to_dict("records"):
+        out = layout.at(root, rec["path"])
+        rows.append({"regime": rec["regime"], "policy": rec["policy"], "seed": int(rec["seed"]),
+                     "draw": _na(rec["draw"]), "matched_to": _na(rec["matched_to"]), "source": rec["source"],
+                     "control": bool(rec.get("_repeat", False)), "metrics": _scalars(read_summary(out)),
+                     "artifacts": [out / name for name in files]})
+    return rows
 
 
 @register("replay-simulator")
@@ -134,16 +192,17 @@ def replay_simulator(root: Path, params: Any, regime: str | None) -> Collected:
     from syncsafe.artifacts.replay_sets import read_set_index
 
     index = read_set_index(layout.replay_set_dir(root, layout.SIMULATOR, regime) / layout.INDEX_FILE)
-    return Collected(_replays(root, layout.SIMULATOR, index, (layout.SUMMARY_FILE,)))
+    return Collected(units(_replay_rows(root, index), backend=layout.SIMULATOR))
 
 
 @register("replay-vllm")
 def replay_vllm(root: Path, params: Any, regime: str | None) -> Collected:
     from syncsafe.artifacts.replay_sets import read_vllm_index
 
+    plan = layout.at(root, layout.VLLM_PLAN)
     files = (layout.SUMMARY_FILE, layout.REQUESTS_FILE, layout.WINDOWS_FILE)
-    runs = _replays(root, layout.VLLM, read_vllm_index(root, repeats=False), files)
-    return Collected(runs, artifacts=_present([layout.at(root, layout.VLLM_SERVER_LOG)]))
+    runs = units(_replay_rows(root, read_vllm_index(root), files), backend=layout.VLLM)
+    return Collected(runs, artifacts=_present([layout.at(root, layout.VLLM_SERVER_LOG), plan]))
 
 
 @register("live")

@@ -129,6 +129,7 @@ def build_compare_table(runs: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.
     df = pd.DataFrame({"value": runs[column], "start_time": runs.get("start_time")})
     for tag in ("stage", *_KEY, "seed", "draw"):
         df[tag] = runs.get(f"tags.{tag}", pd.Series("", index=runs.index)).fillna("").astype(str)
+    df = pd.concat([df, _reference_rows(runs, metric)], ignore_index=False)
     df = df[df["value"].notna()]
     stages = sorted(df["stage"].unique())
     if len(stages) > 1:
@@ -138,13 +139,7 @@ def build_compare_table(runs: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.
     )
     seeds = sorted(df["seed"].unique(), key=_seed_order)
     own = df[df["draw"] == ""]
-    draws = df[df["draw"] != ""]
-    envelope = (
-        draws.groupby(["regime", "matched_to", "backend", "seed"])["value"]
-        .agg(["min", "mean", "max", "count"])
-        .reset_index()
-        .rename(columns={"matched_to": "policy"})
-    )
+    envelope = _envelope(df[df["draw"] != ""], runs, metric)
     rows = []
     for key, group in own.groupby(list(_KEY), sort=False):
         row: dict[str, Any] = dict(zip(_KEY, key))
@@ -176,6 +171,69 @@ def build_compare_table(runs: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.
     table = table.sort_values(["regime", "_order", "matched_to", "backend"], kind="stable").drop(columns="_order")
     table.attrs.update(metric=metric, stage=stages[0], seeds=seeds)
     return table.reset_index(drop=True)
+
+
+#: References of a controller that are part of its run (``<policy>.<metric>``), shown as rows of their own.
+_REFERENCES = ("even_cadence", "slo_oracle", "offline_bound")
+#: Numbered draws of a controller, part of its run (``<policy>.<metric>.min/mean/max``, ``<policy>.n``).
+_DRAW_POLICIES = ("matched_random", "matched_random_free")
+
+
+def _tags(runs: pd.DataFrame, names: tuple[str, ...]) -> pd.DataFrame:
+    import pandas as pd
+
+    return pd.DataFrame({t: runs.get(f"tags.{t}", pd.Series("", index=runs.index)).fillna("").astype(str)
+                         for t in names}, index=runs.index)
+
+
+def _reference_rows(runs: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """A row per reference a controller's run holds (its even cadence, SLO oracle, offline bound), keyed as
+    the reference's own run used to be: policy the reference, ``matched_to`` the controller."""
+    import pandas as pd
+
+    frames = []
+    for reference in _REFERENCES:
+        column = f"metrics.{reference}.{metric}"
+        if column not in runs.columns:
+            continue
+        has = runs[column].notna()
+        rows = _tags(runs[has], ("stage", "regime", "backend", "seed"))
+        rows["matched_to"] = runs.loc[has, "tags.policy"].astype(str)
+        rows["policy"], rows["draw"] = reference, ""
+        rows["value"], rows["start_time"] = runs.loc[has, column], runs.loc[has, "start_time"]
+        frames.append(rows)
+    return pd.concat(frames) if frames else pd.DataFrame(columns=["value", "start_time", "stage", *_KEY, "seed", "draw"])
+
+
+def _envelope(draws: pd.DataFrame, runs: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Per (regime, policy, backend, seed): min, mean, max and count of the numbered draws' values (fair and
+    free matched random alike) matched to the policy.
+
+    From the controller's own run (``<draw policy>.<metric>.min/mean/max`` and ``<draw policy>.n``: draws are
+    part of their controller's run) and, in stores written before, from draw runs of their own."""
+    import pandas as pd
+
+    keys = ["regime", "policy", "backend", "seed"]
+    frames = []
+    for policy in _DRAW_POLICIES:
+        columns = [f"metrics.{policy}.{metric}.{s}" for s in ("min", "mean", "max")] + [f"metrics.{policy}.n"]
+        if not all(c in runs.columns for c in columns):
+            continue
+        has = runs[columns[-1]].notna() & runs[columns[1]].notna()
+        part = _tags(runs[has], keys)
+        part[["min", "mean", "max", "count"]] = runs.loc[has, columns].to_numpy(dtype=float)
+        frames.append(part)
+    if len(draws):
+        frames.append(draws.groupby(["regime", "matched_to", "backend", "seed"])["value"]
+                      .agg(["min", "mean", "max", "count"]).reset_index().rename(columns={"matched_to": "policy"}))
+    if not frames:
+        return pd.DataFrame(columns=[*keys, "min", "mean", "max", "count"])
+    parts = pd.concat(frames, ignore_index=True)
+    parts["total"] = parts["mean"] * parts["count"]
+    merged = parts.groupby(keys).agg(min=("min", "min"), max=("max", "max"), total=("total", "sum"),
+                                     count=("count", "sum")).reset_index()
+    merged["mean"] = merged["total"] / merged["count"]
+    return merged.drop(columns="total")
 
 
 def _seed_order(seed: str) -> tuple[int, int | str]:

@@ -13,13 +13,15 @@ from syncsafe.tracking.settings import _MAX_TAG_VALUE
 
 @dataclass
 class TrackedRun:
-    """One item run: a regime x policy x seed x draw result the stage has written to disk.
+    """One item run: the unit people compare, a regime x policy x seed result the stage has written to disk.
 
     ``metrics`` are scalars (logged at step 0); ``series`` are curves, name ->
-    ``[(step, value), ...]`` (a loss curve). ``artifacts`` are files or folders
-    already on disk, logged under their own names. ``params`` add to (and
-    override) the stage's params; ``tags`` add extra tags (the standard ones
-    always win).
+    ``[(step, value), ...]`` (a loss curve). ``tables`` are logged as
+    ``<name>.parquet`` artifacts (a controller's matched-random draws and
+    references, one row each). ``artifacts`` are files or folders already on
+    disk, logged under their own names. ``params`` are the item's own (the
+    stage's params are on the stage run); ``tags`` add extra tags (the
+    standard ones always win).
     """
 
     regime: str = ""
@@ -31,6 +33,7 @@ class TrackedRun:
     params: Mapping[str, Any] = field(default_factory=dict)
     metrics: Mapping[str, float | int | None] = field(default_factory=dict)
     series: Mapping[str, Sequence[tuple[int, float]]] = field(default_factory=dict)
+    tables: Mapping[str, Any] = field(default_factory=dict)
     artifacts: Sequence[str | os.PathLike[str]] = ()
     tags: Mapping[str, str] = field(default_factory=dict)
     name: str | None = None

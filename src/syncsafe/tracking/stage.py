@@ -10,8 +10,10 @@ On entry the pipeline parent run is found (or created) and the stage run is
 started under it as an MLflow nested run (tag ``mlflow.parentRunId``). When
 the body returns, the collector registered for the stage
 (:data:`syncsafe.tracking.collectors.COLLECTORS`) reads what the stage wrote
-and one nested item run per regime x policy x seed x draw is logged under the
-stage run, with the handle's extras (:meth:`StageHandle.add`,
+and one nested item run per regime x policy x seed (the unit people compare:
+a controller's matched-random draws and references are a table and summary
+metrics of its run, not runs of their own) is logged under the stage run,
+which alone carries the stage's params, with the handle's extras (:meth:`StageHandle.add`,
 :meth:`StageHandle.log_metric`, :meth:`StageHandle.log_artifact`). If the body
 raises, the stage and pipeline runs end FAILED and the exception propagates.
 
@@ -300,8 +302,16 @@ class _Session:
             TAG_KIND: "item",
         }
         run_id = self._start(self.stage_id, run.run_name(), tags)
-        self._log(run_id, params={**self.params, **flatten_params(run.params)}, metrics=run.metrics, series=run.series)
-        self._log_artifacts(run_id, files)
+        self._log(run_id, params=flatten_params(run.params), metrics=run.metrics, series=run.series)
+        if run.tables:
+            with tempfile.TemporaryDirectory(prefix="syncsafe-tables-") as tmp:
+                written = []
+                for name, table in run.tables.items():
+                    written.append(Path(tmp) / f"{name}.parquet")
+                    table.to_parquet(written[-1], index=False)
+                self._log_artifacts(run_id, [*files, *written])
+        else:
+            self._log_artifacts(run_id, files)
         self.client.set_terminated(run_id, run.status)
         return run_id
 
