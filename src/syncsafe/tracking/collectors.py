@@ -68,8 +68,8 @@ def units(rows: list[dict[str, Any]], backend: str = "") -> list[TrackedRun]:
     source, metrics, artifacts; optional `table`: extra table columns of the row).
 
     A row with ``matched_to`` (a draw, a reference) joins its controller's run: as a row of the run's
-    ``derived`` table, and in its metrics as ``<policy>.<metric>`` (one reference) or
-    ``<policy>.<metric>.min/mean/max`` with ``<policy>.n`` (numbered draws). A row marked ``control`` (a
+    ``derived`` table (every figure), and in its metrics (the `SUMMARISED` ones) as ``<policy>.<metric>``
+    (one reference) or ``<policy>.<metric>.min/mean/max`` with ``<policy>.n`` (numbered draws). A row marked ``control`` (a
     repeated no-sync replay) joins its no-sync run the same way, under ``controls``.
     """
     own: dict[tuple, dict[str, Any]] = {}
@@ -94,15 +94,19 @@ def units(rows: list[dict[str, Any]], backend: str = "") -> list[TrackedRun]:
     return runs
 
 
+#: What a unit's metrics summarise of the rows attached to it (all of each row's figures are in its table).
+SUMMARISED = ("slo_violation_rate", "e2e_p95_ms", "ttft_p95_ms", "n_merges", "busy_overlap", "requests_during_merges")
+
+
 def _derived_metrics(rows: list[dict[str, Any]]) -> dict[str, float]:
     out: dict[str, float] = {}
     by_policy: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         by_policy.setdefault(row["policy"], []).append(row)
     for policy, group in by_policy.items():
-        names = sorted({k for r in group for k in r["metrics"]})
+        names = sorted({k for r in group for k in r["metrics"] if k in SUMMARISED})
         if len(group) == 1 and _na(group[0].get("draw")) is None and policy != "controls":
-            out.update({f"{policy}.{k}": v for k, v in group[0]["metrics"].items()})
+            out.update({f"{policy}.{k}": v for k, v in group[0]["metrics"].items() if k in SUMMARISED})
             continue
         out[f"{policy}.n"] = len(group)
         for name in names:
