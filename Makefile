@@ -35,7 +35,7 @@ $(VLLM_VENV)/bin/python:
 vllm-env: $(VLLM_VENV)/bin/python
 
 run: setup vllm-env
-	dvc repro
+	syncsafe run
 	syncsafe schedules
 	syncsafe replay
 

@@ -313,6 +313,36 @@ def profile(
     typer.echo(f"{out}: profile {name}")
 
 
+@app.command("run")
+@_fails_cleanly
+def run_pipeline(
+    jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="cores to fill; default: all of them")] = None,
+    force: Annotated[bool, typer.Option("--force", help="run every item, not only the stale ones")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="list the items, what each waits for and its cores")] = False,
+    root: Annotated[Path, typer.Option("--root", help="the DVC project (its params.yaml and dvc.yaml)")] = Path("."),
+) -> None:
+    """The pipeline of dvc.yaml, independent stage items side by side where the cores allow; dvc.lock records
+    each item, so `dvc repro` afterwards has nothing to do. Per-item logs: logs/run/."""
+    from syncsafe.pipeline import parallel
+
+    params = load_params(root / "params.yaml")
+    if dry_run:
+        items = parallel.plan(params)
+        todo = {i.name for i in items} if force else parallel.stale(items, root)
+        for item in items:
+            mark = "run " if item.name in todo else "ok  "
+            extra = " alone" if item.alone else f" {item.cores} core{'s' if item.cores > 1 else ''}"
+            typer.echo(f"{mark}{item.name}{extra}; after: {', '.join(sorted(item.after)) or '-'}")
+        return
+    outcome = parallel.run(params, root, jobs, force, echo=typer.echo)
+    if outcome.failed:
+        name, code, tail = outcome.failed
+        typer.echo(f"error: stage {name} failed (exit {code}); the end of logs/run/{name}.log:\n{tail}", err=True)
+        raise typer.Exit(code)
+    total = sum(outcome.walls.values())
+    typer.echo(f"ran {len(outcome.walls)} items ({total:.0f} s of stage wall time); dvc.lock records them")
+
+
 @app.command("dvc-yaml")
 @_fails_cleanly
 def dvc_yaml(

@@ -18,6 +18,7 @@ from syncsafe.cli import app
 from syncsafe.config import CONTROLLER_POLICIES
 from syncsafe.schedules.schedule import LoadIntegral, busy_overlap_s, read_schedule
 from syncsafe.traces.stage import load_timeline
+from project_copy import tracked_copy
 
 INDEX_COLUMNS = ["regime", "policy", "seed", "draw", "matched_to", "source", "n_merges", "path"]
 
@@ -141,13 +142,7 @@ def test_import_trace_command(tmp_path, cli):
 @pytest.mark.slow
 def test_dvc_repro_in_a_fresh_copy_then_nothing_to_do(tmp_path, repo_root, raw_params):
     """The whole dvc.yaml, real training and a real vLLM replay included, then a no-op second repro."""
-    project = tmp_path / "clone"
-    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=repo_root, capture_output=True, check=True).stdout
-    for rel in filter(None, tracked.decode().split("\0")):
-        if (repo_root / rel).is_file():
-            (project / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(repo_root / rel, project / rel)
-    (project / "dvc.lock").unlink(missing_ok=True)
+    project = tracked_copy(repo_root, tmp_path / "clone")
     raw_params["seeds"] = [0]
     raw_params["regimes"] = {k: {**v, "duration_s": 120} for k, v in raw_params["regimes"].items() if k in ("bursty", "steady")}
     raw_params["replay"]["vllm"]["regimes"] = ["bursty"]

@@ -47,6 +47,8 @@ class StageSpec:
     outputs: tuple[str, ...]
     queue: Literal["cpu", "gpu"] = "cpu"  # where the nightly DAG runs it
     system_metrics: bool = False  # sample CPU/GPU/memory while it runs
+    exclusive: bool = False  # times a real server: `syncsafe run` starts it on an idle machine, nothing beside it
+    cores: tuple[str, ...] = ()  # params keys whose product is the cores it keeps busy; none: one core
     switch: str | None = None  # a params key that, when false, turns the stage into `entry`'s `off`
     notes: tuple[str, ...] = ()  # comment lines for dvc.yaml
     metrics: tuple[str, ...] = ()  # DVC metrics files (not cached)
@@ -63,6 +65,10 @@ class StageSpec:
     @property
     def module(self) -> str:
         return self.entry.partition(":")[0]
+
+    def argv(self, regime: str) -> list[str]:
+        """The stage's command after ``python``, for `regime` (DVC's ``${key}`` in dvc.yaml)."""
+        return [self.script, *(["--regime", regime] if self.per_regime else [])]
 
     def paths(self, kind: Literal["inputs", "outputs", "params"], regime: str | None) -> list[str]:
         """`inputs`, `outputs` or `params` with ``{regime}`` filled in (None: DVC's ``${key}``)."""
@@ -101,6 +107,7 @@ STAGES: tuple[StageSpec, ...] = (
         outputs=_p(L.train_rel(REGIME)),
         queue="gpu",
         system_metrics=True,
+        cores=("train.islands", "train.torch_threads"),
     ),
     StageSpec(
         name="schedules",
@@ -131,6 +138,7 @@ STAGES: tuple[StageSpec, ...] = (
         outputs=_p(L.VLLM_SET),
         queue="gpu",
         system_metrics=True,
+        exclusive=True,
     ),
     StageSpec(
         name="calibrate-fit",
@@ -180,6 +188,7 @@ STAGES: tuple[StageSpec, ...] = (
         outputs=_p(L.LIVE),
         queue="gpu",
         system_metrics=True,
+        exclusive=True,
         switch="live.enabled",
         notes=("the controller as a sidecar beside a real vLLM server; with live.enabled: false (the cpu",
                "default: it does not fit the run budget) it only writes an empty runs/live/index.csv"),
@@ -209,7 +218,7 @@ def stage(name: str) -> StageSpec:
         raise KeyError(f"no stage {name!r} (have {sorted(BY_NAME)})") from None
 
 
-def _overlap(a: str, b: str) -> bool:
+def overlaps(a: str, b: str) -> bool:
     """Whether two project paths (``{regime}`` compared as a wildcard segment) are one inside the other."""
     pa, pb = a.split("/"), b.split("/")
     return all(x == y or REGIME in (x, y) for x, y in zip(pa, pb))
@@ -218,7 +227,7 @@ def _overlap(a: str, b: str) -> bool:
 def upstream(spec: StageSpec, stages: Iterable[StageSpec] = STAGES) -> list[str]:
     """The stages whose outputs `spec` reads, in declaration order."""
     return [o.name for o in stages if o is not spec
-            and any(_overlap(i, out) for i in spec.inputs for out in (*o.outputs, *o.metrics))]
+            and any(overlaps(i, out) for i in spec.inputs for out in (*o.outputs, *o.metrics))]
 
 
 def topological_order(stages: Iterable[StageSpec] = STAGES) -> list[str]:

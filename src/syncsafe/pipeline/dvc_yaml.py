@@ -97,8 +97,7 @@ def uncovered(spec: StageSpec, deps: Iterable[str], root: Path | None = None) ->
 
 
 def _command(spec: StageSpec) -> str:
-    words = ["python", spec.script, *(["--regime", "${key}"] if spec.per_regime else [])]
-    return " ".join(words)
+    return " ".join(["python", *spec.argv("${key}")])
 
 
 def stage_body(spec: StageSpec, root: Path | None = None) -> dict:

@@ -31,11 +31,17 @@ def entry_function(spec: StageSpec, attr: str | None = None) -> Callable[..., st
     return getattr(importlib.import_module(module), attr or function)
 
 
-def _switched_on(params: Params, key: str) -> bool:
+def param(params: Params, key: str) -> Any:
+    """The value of a dotted params key (``train.islands``)."""
     node: Any = params
     for part in key.split("."):
         node = getattr(node, part)
-    return bool(node)
+    return node
+
+
+def switched_on(spec: StageSpec, params: Params) -> bool:
+    """Whether the stage does its work (no `switch`, or its params key is true)."""
+    return spec.switch is None or bool(param(params, spec.switch))
 
 
 def regimes_of(spec: StageSpec, params: Params, chosen: Sequence[str] | None = None) -> list[str | None]:
@@ -58,7 +64,7 @@ def run_stage(name: str, params: Params, root: Path, params_path: Path, regimes:
     from syncsafe.tracking import tracked_stage
 
     spec = stage(name)
-    if honor_switch and spec.switch and not _switched_on(params, spec.switch):
+    if honor_switch and not switched_on(spec, params):
         echo(entry_function(spec, "off")(params, root))
         return
     entry = entry_function(spec)
