@@ -8,6 +8,7 @@ import time
 import psutil
 import pytest
 
+from syncsafe import timebase
 from syncsafe.serving.interference import MergeInterference
 
 
@@ -19,7 +20,7 @@ def test_interference_runs_only_inside_merge_windows(tmp_path, mode):
         before = cpu()  # entering returned once every worker had started: from here they only wait
         time.sleep(1.0)
         idle_cpu = cpu() - before
-        now = time.time()
+        now = timebase.now()
         windows = [(now + 0.5, now + 2.0), (now + 2.6, now + 3.6)]
         work.submit(windows)
         worked = work.collect(timeout_s=30)

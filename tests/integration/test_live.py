@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from vllm_env import VLLM_PYTHON, require_vllm_python
+from syncsafe import timebase
 from syncsafe.config import load_params
 from syncsafe.schedules.schedule import read_schedule
 from syncsafe.serving.live import condition_order, live_action_space, live_dir
@@ -169,7 +170,7 @@ def server_stop_drill(root: Path, params_path: Path):
                 os.killpg(os.getpgid(proc.pid), signal.SIGKILL)
 
     with server:
-        start = time.time() + 0.5
+        start = timebase.now() + 0.5
         with LiveSignals(http_fetch(server.base_url, 1.0), start, SignalSettings(), 0.25, 1.0) as signals:
             gate = SafeFallback(PressureGate(0.5), signals.problem)
             crasher = threading.Timer(4.0, crash)

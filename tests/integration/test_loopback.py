@@ -16,6 +16,7 @@ import psutil
 import pytest
 import yaml
 
+from syncsafe import timebase
 from syncsafe.serving.interference import MergeInterference
 
 
@@ -35,7 +36,7 @@ def _listening(pids: list[int]) -> list[tuple[int, str, int]]:
 def test_interference_workers_listen_on_loopback_only():
     with MergeInterference("merge", workers=2, payload_numel=10_000) as work:
         pids = [p.pid for p in work._procs]
-        now = time.time()
+        now = timebase.now()
         work.submit([(now + 0.2, now + 0.6)])  # the group is joined once a window has run
         work.collect(timeout_s=120)
         sockets = _listening(pids)

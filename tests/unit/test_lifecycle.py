@@ -20,6 +20,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from syncsafe import timebase
 from syncsafe import io
 from syncsafe.cli import app
 from syncsafe.config import ControlConfig, MergeConfig
@@ -140,7 +141,7 @@ def test_a_scraper_that_cannot_reach_the_server_counts_every_failure():
     listener = listening_socket()
     port = listener.getsockname()[1]
     listener.close()  # nothing answers there now
-    with MetricsScraper(f"http://127.0.0.1:{port}", 0.05, time.time(), 1.0) as scraper:
+    with MetricsScraper(f"http://127.0.0.1:{port}", 0.05, timebase.now(), 1.0) as scraper:
         deadline = time.monotonic() + 10
         while len(scraper.failures) < 3 and time.monotonic() < deadline:
             time.sleep(0.05)

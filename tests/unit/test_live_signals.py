@@ -8,11 +8,11 @@ then after it.
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 from exposition_server import FIXTURES, ExpositionServer
 
+from syncsafe import timebase
 from syncsafe.config import HarnessConfig
 from syncsafe.control.clock import WallClock
 from syncsafe.control.controller import ControlPlan, run_controller
@@ -119,7 +119,7 @@ def test_a_server_that_stops_answering_makes_the_controller_defer_to_max_h_then_
     exposition.text = BUSY.replace('vllm:num_requests_running{engine="0",model_name="syncsafe"} 3.0',
                                     'vllm:num_requests_running{engine="0",model_name="syncsafe"} 8.0')
     url = exposition.url
-    start = time.time() + 0.3
+    start = timebase.now() + 0.3
     cfg = SignalSettings(time_scale=1.0)
     plan = ControlPlan(step_s=0.1, min_h=1, max_h=3, window_s=0.1, min_gap_s=0.0, duration_s=6.0)
     with LiveSignals(http_fetch(url, timeout_s=0.5), start, cfg, interval_s=0.05, stale_after_s=1.0) as signals:
@@ -128,7 +128,7 @@ def test_a_server_that_stops_answering_makes_the_controller_defer_to_max_h_then_
         def problem() -> str | None:
             found = signals.problem()
             if found is None and len(healthy_calls) < HEALTHY_DECISIONS:
-                healthy_calls.append(time.time())
+                healthy_calls.append(timebase.now())
                 if len(healthy_calls) == HEALTHY_DECISIONS:
                     exposition.stop_answering()
             return found
@@ -160,14 +160,14 @@ def test_a_decision_reads_memory_while_a_scrape_hangs():
     calls = []
 
     def fetch() -> str:
-        calls.append(time.time())
+        calls.append(timebase.now())
         if len(calls) > 1:  # the first scrape answers, the next one hangs until released
             scraping.set()
             release.wait()
         return BUSY
 
     cfg = SignalSettings(time_scale=1.0)
-    with LiveSignals(fetch, time.time(), cfg, interval_s=0.01, stale_after_s=60.0) as signals:
+    with LiveSignals(fetch, timebase.now(), cfg, interval_s=0.01, stale_after_s=60.0) as signals:
         assert scraping.wait(10), "the second scrape started"
         answered = []
         reader = threading.Thread(target=lambda: answered.append(

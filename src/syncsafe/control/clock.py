@@ -6,7 +6,7 @@ by `window_s`. Before each decision it calls `clock.reach(t_s)`:
 
 - `TraceClock` returns at once: time is whatever the loop says it is, so a
   run is exactly reproducible on any machine.
-- `WallClock` waits until the wall clock reaches `start_epoch + t_s /
+- `WallClock` waits until real time (`syncsafe.timebase`, monotonic) reaches `start_epoch + t_s /
   time_scale` (trace seconds run `time_scale` times faster than wall
   seconds, like the load generator's arrivals), so the decision is taken
   when the serving node is at that point of its load. When the islands'
@@ -19,6 +19,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from typing import Protocol
+
+from syncsafe import timebase
 
 
 class Clock(Protocol):
@@ -41,7 +43,7 @@ class WallClock:
 
     start_epoch: float
     time_scale: float = 1.0
-    #: (trace s, wall epoch reached, lag s) of every `reach`.
+    #: (trace s, epoch reached on `syncsafe.timebase`, lag s) of every `reach`.
     log: list[tuple[float, float, float]] = field(default_factory=list)
 
     def epoch(self, t_s: float) -> float:
@@ -50,13 +52,13 @@ class WallClock:
 
     def now_s(self) -> float:
         """Trace seconds since the start, now."""
-        return (time.time() - self.start_epoch) * self.time_scale
+        return (timebase.now() - self.start_epoch) * self.time_scale
 
     def reach(self, t_s: float) -> None:
         target = self.epoch(t_s)
-        while (left := target - time.time()) > 0:
+        while (left := target - timebase.now()) > 0:
             time.sleep(min(left, 0.5))
-        now = time.time()
+        now = timebase.now()
         self.log.append((t_s, now, now - target))
 
     @property

@@ -41,13 +41,13 @@ from __future__ import annotations
 import bisect
 import http.client
 import threading
-import time
 import urllib.parse
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import pandas as pd
 
+from syncsafe import timebase
 from syncsafe.control.types import FleetSignals
 
 GAUGES = {
@@ -127,7 +127,7 @@ class SignalSettings:
 
 @dataclass(frozen=True)
 class Reading:
-    """One good scrape: wall epoch and the METRICS values."""
+    """One good scrape: its epoch (`syncsafe.timebase`) and the METRICS values."""
 
     epoch: float
     values: dict[str, float]
@@ -230,7 +230,7 @@ class LiveSignals:
     # ------------------------------------------------------------------ scraping
 
     def scrape_once(self) -> None:
-        now = time.time()
+        now = timebase.now()
         t_s = (now - self.start_epoch) * self.cfg.time_scale
         try:
             values = parse_metrics(self.fetch())
@@ -251,9 +251,9 @@ class LiveSignals:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            started = time.time()
+            started = timebase.now()
             self.scrape_once()
-            self._stop.wait(max(0.0, self.interval_s - (time.time() - started)))
+            self._stop.wait(max(0.0, self.interval_s - (timebase.now() - started)))
 
     def __enter__(self) -> LiveSignals:
         self._thread.start()
@@ -274,7 +274,7 @@ class LiveSignals:
             return f"server unreachable or unhealthy ({self._last_error})"
         if not self._good:
             return "no /metrics sample yet"
-        age = time.time() - (self.start_epoch + self._good[-1].t_s / self.cfg.time_scale)
+        age = timebase.now() - (self.start_epoch + self._good[-1].t_s / self.cfg.time_scale)
         if age > self.stale_after_s:
             return f"newest /metrics sample is {age:.1f} s old"
         return None

@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from dataclasses import dataclass, field
 
 import psutil
+
+from syncsafe import timebase
 
 #: kthreadd: the parent of every kernel thread.
 KTHREADD_PID = 2
@@ -85,7 +86,7 @@ class ForeignCpuMonitor:
             self._sample()
 
     def __enter__(self) -> ForeignCpuMonitor:
-        self._started = time.time()
+        self._started = timebase.now()
         self._sample(first=True)
         self._thread.start()
         return self
@@ -94,11 +95,11 @@ class ForeignCpuMonitor:
         self._stop.set()
         self._thread.join(timeout=10)
         self._sample()
-        self._ended = time.time()
+        self._ended = timebase.now()
 
     def result(self) -> ForeignCpu:
         """Foreign CPU over the watched interval (call after exit)."""
-        wall = max((self._ended or time.time()) - self._started, 1e-9)
+        wall = max((self._ended or timebase.now()) - self._started, 1e-9)
         used = {key: max(cpu - self._base[key], 0.0) for key, (_, cpu) in self._last.items()}
         top = sorted(((self._last[k][0], k[0], v) for k, v in used.items() if v > 0), key=lambda t: -t[2])
         total = float(sum(used.values()))

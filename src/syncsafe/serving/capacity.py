@@ -28,7 +28,6 @@ the gate's power estimate assumes.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -36,6 +35,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
+from syncsafe import timebase
 from syncsafe.errors import BadInput
 from syncsafe.serving.metrics import failed_mask
 
@@ -45,7 +45,7 @@ GROWTH = 1.5
 BISECTIONS = 2
 MAX_PROBES = 16
 
-#: Sends one open-loop request table at a wall epoch; returns the load generator's rows.
+#: Sends one open-loop request table at an epoch of `syncsafe.timebase`; returns the load generator's rows.
 Sender = Callable[[pd.DataFrame, float], pd.DataFrame]
 
 
@@ -118,7 +118,7 @@ def _ttft_p95(rows: pd.DataFrame) -> float | None:
 def probe(send: Sender, rate_rps: float, duration_s: float, mix: pd.DataFrame, seed: int,
           lead_s: float = 0.5) -> tuple[pd.DataFrame, float | None, float]:
     """One open-loop probe: (load generator rows, TTFT p95 ms, failure rate)."""
-    rows = send(poisson_requests(rate_rps, duration_s, mix, seed), time.time() + lead_s)
+    rows = send(poisson_requests(rate_rps, duration_s, mix, seed), timebase.now() + lead_s)
     return rows, _ttft_p95(rows), float(failed_mask(rows).mean()) if len(rows) else 1.0
 
 

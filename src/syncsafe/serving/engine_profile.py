@@ -24,8 +24,6 @@ share from it (`syncsafe.analysis.calibration.fit`).
 from __future__ import annotations
 
 import asyncio
-import re
-import time
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -34,6 +32,7 @@ import aiohttp
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from syncsafe import timebase
 from syncsafe.config import max_num_seqs
 from syncsafe.control.live_signals import sum_samples
 from syncsafe.control.serving_model import MAX_MERGE_SHARE, Calibration
@@ -114,12 +113,12 @@ def scrape(base_url: str, timeout_s: float = 5.0) -> str:
 async def _closed_loop(url: str, model: str, concurrency: int, prompt: list[int], max_tokens: int,
                        duration_s: float, timeout_s: float) -> int:
     """`concurrency` clients each sending one request after another until `duration_s` passed; requests done."""
-    deadline = time.time() + duration_s
+    deadline = timebase.now() + duration_s
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0.0}
 
     async def client(session: aiohttp.ClientSession) -> int:
         done = 0
-        while time.time() < deadline:
+        while timebase.now() < deadline:
             async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
                 await resp.read()
                 done += resp.status == 200
@@ -163,7 +162,7 @@ def profile_server(
     text = ""
     for merge in (False, True):
         for n in levels:
-            wait = merge_window(time.time(), time.time() + probe_s + 0.5) if merge else None
+            wait = merge_window(timebase.now(), timebase.now() + probe_s + 0.5) if merge else None
             row, text = run_probe(base_url, model, "decode", n, prompt(decode_prompt), decode_tokens, probe_s, merge)
             rows.append(row)
             if wait is not None:

@@ -1,7 +1,7 @@
 """Merge interference beside the serving backend, only inside merge windows.
 
 `MergeInterference` keeps a few worker processes alive for a whole replay
-stage. For each schedule it is given the merge windows as wall-clock
+stage. For each schedule it is given the merge windows as real-time
 intervals; the workers sleep until each window opens and work until it
 closes, then report the intervals they actually worked.
 
@@ -29,6 +29,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Literal
 
+from syncsafe import timebase
 from syncsafe.procs import LOOPBACK_ENV, die_with_parent, listening_socket, loopback_store
 from syncsafe.procs import scratch_dir as new_scratch_dir
 from syncsafe.serving.placement import CpuPlacement
@@ -63,17 +64,17 @@ def _worker(rank: int, world: int, port: int, mode: Mode, numel: int, scratch: s
     checkpoint = Path(scratch) / f"merge-checkpoint-{rank}.pt"
     while True:
         windows = commands.get()
-        received = time.time()
+        received = timebase.now()
         if windows is None:
             break
         worked = []
         for start, end in windows:
-            time.sleep(max(0.0, start - time.time()))
-            began, iterations = time.time(), 0
+            time.sleep(max(0.0, start - timebase.now()))
+            began, iterations = timebase.now(), 0
             if mode == "merge":
                 flag = torch.zeros(1)
                 while True:
-                    flag[0] = 1.0 if time.time() < end else 0.0
+                    flag[0] = 1.0 if timebase.now() < end else 0.0
                     dist.broadcast(flag, src=0)
                     if flag[0] == 0:
                         break
@@ -84,10 +85,10 @@ def _worker(rank: int, world: int, port: int, mode: Mode, numel: int, scratch: s
                         torch.save(weights, checkpoint)
                     iterations += 1
             else:
-                while time.time() < end:
+                while timebase.now() < end:
                     a = torch.tanh(a @ a / 384.0)
                     iterations += 1
-            worked.append((began, time.time(), iterations))
+            worked.append((began, timebase.now(), iterations))
         results.put((rank, (received, worked)))
     if mode == "merge":
         dist.destroy_process_group()
@@ -113,7 +114,7 @@ class MergeInterference:
         self._procs: list[mp.Process] = []
         self._commands: list[mp.Queue] = []
         self._results: mp.Queue | None = None
-        #: When rank 0 received the windows of the last `collect`ed submission (wall epoch).
+        #: When rank 0 received the windows of the last `collect`ed submission (an epoch of `syncsafe.timebase`).
         self.received: float | None = None
 
     @property
@@ -173,7 +174,7 @@ class MergeInterference:
     def collect(self, timeout_s: float) -> list[tuple[float, float, int]]:
         """Wait for every worker's report; rank 0's worked intervals (begin, end, iterations).
 
-        `received` then holds when rank 0 took the windows off its queue (wall epoch): a window can
+        `received` then holds when rank 0 took the windows off its queue (`syncsafe.timebase`): a window can
         begin no earlier than that, whenever it was submitted."""
         reports = {}
         deadline = time.monotonic() + timeout_s

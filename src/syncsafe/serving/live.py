@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from syncsafe import io
+from syncsafe import io, timebase
 from syncsafe.artifacts import layout
 from syncsafe.artifacts.traces import read_requests, read_timeline
 from syncsafe.config import Params
@@ -213,7 +213,7 @@ class LiveSession:
         """First requests hit cold code paths: keep them out of every measurement."""
         if not self.warmed:
             warm = requests[requests["arrival_s"] < self.params.live.warmup_s]
-            self.send(warm, time.time() + 0.5, seed).result()
+            self.send(warm, timebase.now() + 0.5, seed).result()
             self.warmed = True
 
 
@@ -233,13 +233,13 @@ def run_condition(session: LiveSession, regime: str, seed: int, condition: str, 
     with ExitStack() as stack:
         group = stack.enter_context(IslandGroup(params, session.params_path, session.root, seed, run_dir,
                                                 session.res)) if training else None
-        start = time.time() + LEAD_S
+        start = timebase.now() + LEAD_S
         clock = WallClock(start, live.time_scale)
         sent = session.send(requests, start, seed)
         signals = stack.enter_context(session.signals(start))
         run = LiveRun(condition=condition, policy=policy if condition == "policy" else condition, order=order,
                       requests=pd.DataFrame(), start_epoch=start, signals=pd.DataFrame(columns=["ok"]))
-        time.sleep(max(0.0, start - time.time()))  # islands start with the load
+        time.sleep(max(0.0, start - timebase.now()))  # islands start with the load
         if group is not None:
             if condition == "policy":
                 agent: Policy = SafeFallback(_controller_policy(params, policy, seed), signals.problem)

@@ -40,6 +40,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from syncsafe import timebase
 from syncsafe.artifacts import layout
 from syncsafe.config import Params, load_params
 from syncsafe.control.clock import WallClock
@@ -103,13 +104,13 @@ class LiveLearners:
 
     def merge(self) -> None:
         t_s = self.clock.log[-1][0]  # the decision time just reached
-        began = time.time()
+        began = timebase.now()
         window_end = max(self.clock.epoch(t_s + self.window_s), began)
         self.work.submit([(began, window_end)])
         self.learners.merge()  # all-reduce, outer Nesterov step, weight check, checkpoint
-        merged = time.time()
+        merged = timebase.now()
         worked = self.work.collect(timeout_s=self.timeout_s + (window_end - began))  # returns when the window closes
-        self.merges.append({"t_s": t_s, "start_epoch": began, "merge_end_epoch": merged, "window_end_epoch": time.time(),
+        self.merges.append({"t_s": t_s, "start_epoch": began, "merge_end_epoch": merged, "window_end_epoch": timebase.now(),
                             "merge_wall_s": merged - began, "fill_iterations": sum(n for _, _, n in worked)})
 
 

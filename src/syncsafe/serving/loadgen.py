@@ -11,7 +11,8 @@ Prompts are token-id lists of exactly `prompt_tokens` ids (seeded), and
 the trace asks for. Each request streams; TTFT is the first content chunk,
 E2E the `[DONE]` marker, both measured from the request's *scheduled* arrival
 (a late send is charged to the request; `send_epoch - scheduled_epoch` is its
-send lag), output tokens come from the final `usage` chunk.
+send lag), output tokens come from the final `usage` chunk. Every instant is on
+`syncsafe.timebase` (the monotonic clock asyncio sleeps on), never the wall clock.
 A request that fails is kept with its error text: failures are counted, never
 dropped. Failed: an HTTP error, a broken stream or timeout, an error object
 inside an HTTP 200 stream (`data: {"error": ...}`), no `usage` chunk, or fewer
@@ -22,12 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from dataclasses import asdict, dataclass
 
 import aiohttp
 import numpy as np
 import pandas as pd
+
+from syncsafe import timebase
 
 
 @dataclass
@@ -64,10 +66,10 @@ def _incomplete(e2e_ms: float, usage_seen: bool, received: int, asked: int) -> s
 async def _one(session: aiohttp.ClientSession, url: str, model: str, rid: int, row, start_epoch: float,
                time_scale: float, prompt: list[int], cap: asyncio.Semaphore, timeout_s: float) -> RequestResult:
     scheduled = start_epoch + row.arrival_s / time_scale
-    await asyncio.sleep(max(0.0, scheduled - time.time()))
-    waited = time.time()
+    await asyncio.sleep(max(0.0, scheduled - timebase.now()))
+    waited = timebase.now()
     async with cap:
-        send = time.time()
+        send = timebase.now()
         cap_wait_ms = (send - waited) * 1000.0
         ttft = e2e = float("nan")
         received, error, usage_seen = 0, "", False
@@ -84,7 +86,7 @@ async def _one(session: aiohttp.ClientSession, url: str, model: str, rid: int, r
                             continue
                         data = line[5:].strip()
                         if data == "[DONE]":
-                            e2e = (time.time() - scheduled) * 1000.0
+                            e2e = (timebase.now() - scheduled) * 1000.0
                             break
                         chunk = json.loads(data)
                         if not isinstance(chunk, dict):
@@ -94,7 +96,7 @@ async def _one(session: aiohttp.ClientSession, url: str, model: str, rid: int, r
                             error = f"error in stream: {json.dumps(chunk.get('error', chunk))[:180]}"
                             break
                         if chunk.get("choices") and ttft != ttft:  # first content chunk (nan != nan)
-                            ttft = (time.time() - scheduled) * 1000.0
+                            ttft = (timebase.now() - scheduled) * 1000.0
                         if chunk.get("usage"):
                             usage_seen = True
                             received = int(chunk["usage"].get("completion_tokens", 0))

@@ -33,7 +33,7 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
-from syncsafe import io
+from syncsafe import io, timebase
 from syncsafe.artifacts import layout
 from syncsafe.artifacts.calibration import model_json
 from syncsafe.artifacts.replay_sets import write_signals, write_windows
@@ -92,7 +92,7 @@ class MetricsScraper:
         import urllib.request
 
         while not self._stop.is_set():
-            now = time.time()
+            now = timebase.now()
             try:
                 with urllib.request.urlopen(self.url, timeout=2) as resp:
                     gauges = parse_gauges(resp.read().decode())
@@ -193,8 +193,8 @@ class RealArm:
         requests = read_requests(self.root, regime, seed)
         warm = requests[requests["arrival_s"] < self.cfg.warmup_s]
         if len(warm):
-            self.send(warm, time.time() + 0.5, WARMUP_TIME_SCALE, seed)
-        now = time.time()  # the workers may still be starting: one short window before anything is timed
+            self.send(warm, timebase.now() + 0.5, WARMUP_TIME_SCALE, seed)
+        now = timebase.now()  # the workers may still be starting: one short window before anything is timed
         self.work.submit([(now, now + 0.1)])
         self.work.collect(timeout_s=self.cfg.startup_timeout_s)
 
@@ -252,7 +252,7 @@ class RealArm:
     def replay_once(self, item: PlannedReplay, requests: pd.DataFrame, plan: RegimePlan
                     ) -> tuple[pd.DataFrame, list, MetricsScraper, ForeignCpu, float]:
         cfg = self.cfg
-        start = time.time() + LEAD_S
+        start = timebase.now() + LEAD_S
         self.work.submit(wall_windows(item.schedule, start, plan.time_scale, plan.span_s))
         with ForeignCpuMonitor(cfg.busy_sample_s) as monitor, \
                 MetricsScraper(self.server.base_url, cfg.scrape_interval_s, start, plan.time_scale) as scraper:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -19,6 +18,7 @@ import pandas as pd
 import pytest
 from aiohttp import web
 
+from syncsafe import timebase
 from syncsafe.serving.loadgen import replay_requests
 from syncsafe.serving.metrics import replay_validity
 from syncsafe.serving.replay import request_results
@@ -91,7 +91,7 @@ def _requests(outputs: list[int], arrivals: list[float] | None = None) -> pd.Dat
 def test_each_failure_kind_is_a_failure_with_its_reason(server):
     url = server()
     kinds = [GOOD, IN_STREAM_ERROR, SHORT, HTTP_500, CUT, NO_USAGE]
-    raw = replay_requests(url, "m", _requests(kinds), time.time() + 0.2, 1.0, vocab_size=50, seed=0)
+    raw = replay_requests(url, "m", _requests(kinds), timebase.now() + 0.2, 1.0, vocab_size=50, seed=0)
     errors = dict(zip(kinds, raw["error"]))
     assert errors[GOOD] == ""
     assert errors[IN_STREAM_ERROR].startswith("error in stream") and "engine dead" in errors[IN_STREAM_ERROR]
@@ -106,7 +106,7 @@ def test_each_failure_kind_is_a_failure_with_its_reason(server):
 def test_latency_runs_from_the_scheduled_arrival(server):
     """Three requests due at once through an in-flight cap of 1: the queued ones carry their wait."""
     url = server(delay_s=DELAY_S)
-    start = time.time() + 0.2
+    start = timebase.now() + 0.2
     raw = replay_requests(url, "m", _requests([GOOD] * 3, [0.0, 0.0, 0.0]), start, 1.0, vocab_size=50, seed=0,
                           max_in_flight=1)
     timeline = pd.DataFrame({"t_s": [0.0, 10.0], "inference_pressure": [0.1, 0.1]})
@@ -124,7 +124,7 @@ def test_latency_runs_from_the_scheduled_arrival(server):
 
 def test_a_replay_whose_requests_all_fail_is_invalid(server):
     url = server()
-    start = time.time() + 0.2
+    start = timebase.now() + 0.2
     raw = replay_requests(url, "m", _requests([IN_STREAM_ERROR] * 5), start, 1.0, vocab_size=50, seed=0)
     timeline = pd.DataFrame({"t_s": [0.0, 10.0], "inference_pressure": [0.1, 0.1]})
     results = request_results(raw, timeline, [], start, 1.0)
