@@ -117,8 +117,10 @@ class MechanismEvidence(BaseModel):
     regimes: dict[str, RegimeMechanism]
     #: The bootstrap lower bound of `gate_ratio` (the drift-corrected paired sync ratio) must exceed this.
     gate_ratio_threshold: float = Field(default=DEFAULT_GATE_RATIO_THRESHOLD, ge=1.0)
-    #: Real replays marked invalid (regime, seed, path, reason): their seeds licensed nothing.
+    #: Real replays marked invalid (regime, seed, path, reason): they license nothing.
     invalid_replays: list[dict[str, Any]] = Field(default_factory=list)
+    #: Regimes of the real arm without a measurement, and why (not planned, nothing merge-active, ...).
+    unmeasured: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="before")
     @classmethod
@@ -135,8 +137,11 @@ class MechanismEvidence(BaseModel):
         """Why the gate does not pass for `regime` (None: it passes)."""
         m = self.regimes.get(regime)
         if m is None:
+            reasons = [self.unmeasured[regime]] if regime in self.unmeasured else []
             busy = [r for r in self.invalid_replays if r.get("regime") == regime]
-            why = f" ({len(busy)} invalid real replays: {busy[0]['reason']})" if busy else ""
+            if busy:
+                reasons.append(f"{len(busy)} invalid real replays, e.g. {busy[0]['reason']}")
+            why = f" ({'; '.join(reasons)})" if reasons else ""
             return f"no real-backend (vllm) mechanism measurement for regime {regime!r}{why}"
         if m.drift_ratio is None:
             return "no drift control (no second no-sync control): the measurement licenses nothing"

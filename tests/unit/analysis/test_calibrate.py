@@ -20,7 +20,7 @@ import pytest
 from syncsafe import io
 from syncsafe.analysis.calibration.fidelity import fidelity_evidence
 from syncsafe.analysis.calibration.fit import fit_calibration, profile_prior
-from syncsafe.analysis.calibration.mechanism import active_pairs, regime_mechanism
+from syncsafe.analysis.calibration.mechanism import active_pairs, mechanism_evidence, regime_mechanism
 from syncsafe.analysis.calibration.records import (
     CalibrationInputError,
     ReplayRecord,
@@ -36,6 +36,7 @@ from syncsafe.serving.metrics import derive_slo, summarize
 from syncsafe.config import max_num_seqs
 from syncsafe.serving.engine_profile import ProbeRow, ServerProfile
 from syncsafe.serving.simulator import simulate_replay
+from syncsafe.serving.vllm_plan import RealPlan
 
 REGIME = "bursty"
 TIME_SCALE = 4.0
@@ -296,6 +297,19 @@ def test_drift_discounts_the_effect_and_no_effect_fails_the_gate():
     assert not MechanismEvidence(regimes={REGIME: flat}).shows(REGIME)
 
 
+def test_a_regime_without_a_measurement_says_why_not_just_that_it_has_none():
+    records = make_records(seeds=(0,), controls=2)
+    first_merge = min(s for r in records for s in r.schedule.merge_starts_s)
+    blind = [replace(r, span_s=first_merge) for r in records]  # the span ends before any merge starts
+    plan = RealPlan(regimes={}, left_out={"azure_conv": "its shortest powered span (60 s, about 436 s of "
+                                                         "replays) does not fit the 420 s of budget_s left"})
+    evidence, skipped = mechanism_evidence(blind, HIGH_PRESSURE, 1.05, plan=plan, n_bootstrap=50)
+    assert evidence.regimes == {} and skipped == sorted([REGIME, "azure_conv"])
+    assert f"0 merge(s) of the replayed schedules start inside the span [0, {first_merge:g}) s" in \
+        evidence.failure(REGIME)
+    assert "not replayed: its shortest powered span" in evidence.failure("azure_conv")
+
+
 def test_legacy_mechanism_files_read_with_unambiguous_names():
     m = MechanismEvidence.model_validate({"regimes": {REGIME: {"sync_ratio": 1.4, "pressure_ratio": 1.2}}})
     assert m.regimes[REGIME].sync_ratio_paired == 1.4 and not m.shows(REGIME)
@@ -441,13 +455,26 @@ def test_a_failed_write_leaves_the_previous_set_untouched(tmp_path, monkeypatch)
 # --------------------------------------------------------------------------- the loop in the DAG
 
 
-def test_an_invalid_real_replay_takes_its_seed_out_of_calibration(tmp_path, records):
+def test_an_invalid_real_replay_is_left_out_and_its_seed_s_valid_replays_stand(tmp_path, records):
     write_vllm_layout(tmp_path, records)
     victim = next(r for r in records if r.seed == 1 and r.has_merges)
     summary_path = tmp_path / f"runs/replay-sets/vllm/{victim.regime}/seed-1/{victim.label}/summary.json"
     summary = json.loads(summary_path.read_text())
     summary.update(valid=False, invalid_reason="failure rate 0.4 > 0.02")
     summary_path.write_text(json.dumps(summary))
-    with pytest.warns(UserWarning, match="seed 1 of .* is left out"):
+    with pytest.warns(UserWarning, match="invalid replay .*failure rate 0.4"):
         kept = read_vllm_records(stage_params(), tmp_path)
-    assert kept and {r.seed for r in kept} == {0}
+    assert victim.name not in {r.name for r in kept}
+    assert len(kept) == len(records) - 1 and {r.seed for r in kept} == {r.seed for r in records}
+
+
+def test_a_seed_without_a_valid_no_sync_control_is_left_out_whole(tmp_path, records):
+    write_vllm_layout(tmp_path, records)
+    for rec in (r for r in records if r.seed == 1 and r.is_no_sync):
+        summary_path = tmp_path / f"runs/replay-sets/vllm/{rec.regime}/seed-1/{rec.label}/summary.json"
+        summary = json.loads(summary_path.read_text())
+        summary.update(valid=False, invalid_reason="send lag p99 120 ms > max_send_lag_p99_ms 50")
+        summary_path.write_text(json.dumps(summary))
+    with pytest.warns(UserWarning, match="seed 1: no valid no-sync control"):
+        kept = read_vllm_records(stage_params(), tmp_path)
+    assert kept and 1 not in {r.seed for r in kept}

@@ -23,7 +23,14 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from syncsafe.analysis.calibration.mechanism import active_pairs
-from syncsafe.analysis.calibration.records import ReplayRecord, no_sync_records, ok_mask, p95, simulate_record
+from syncsafe.analysis.calibration.records import (
+    ReplayRecord,
+    no_sync_records,
+    ok_mask,
+    p95,
+    simulate_record,
+    without_later_controls,
+)
 from syncsafe.analysis.evidence import FidelityEvidence, RegimeFidelity, SignAgreement
 from syncsafe.analysis.figures import write_png
 from syncsafe.config import FidelityTargets
@@ -45,9 +52,10 @@ def fidelity_table(real: Sequence[ReplayRecord], sims: Sequence[ReplayRecord], s
                    ) -> pd.DataFrame:
     """Per held-out replay (repeats left out): real vs simulated SLO % and p95 E2E, with the errors."""
     twins = no_sync_records(real)
+    first = {id(r) for r in without_later_controls(real)}
     rows = []
     for rec, sim in zip(real, sims):
-        if rec.repeat:
+        if id(rec) not in first:
             continue
         slo = _slo_for(rec, twins, slo_multiplier)
         real_pct = 100.0 * float(violation_mask(rec.results, slo).mean())

@@ -44,6 +44,7 @@ from syncsafe.analysis.calibration.records import (
     ok_mask,
     p95,
     simulate_record,
+    without_later_controls,
 )
 from syncsafe.control.serving_model import MAX_MERGE_SHARE, Calibration
 from syncsafe.serving.metrics import derive_slo, violation_mask
@@ -116,7 +117,7 @@ def fit_calibration(
     `real` must hold each seed's no-sync replay and at least one replay with
     merge-active requests. Raises ValueError when the data cannot support a fit.
     """
-    real = [r for r in real if not r.repeat]
+    real = without_later_controls(real)
     if not real:
         raise ValueError("no replays to fit the calibration to")
     cal = base or Calibration()

@@ -149,17 +149,26 @@ def regime_mechanism(records: Sequence[ReplayRecord], high_pressure: float, *, b
 
 
 def mechanism_evidence(records: Sequence[ReplayRecord], high_pressure: float, threshold: float | None = None,
-                       **kwargs) -> tuple[MechanismEvidence, list[str]]:
-    """MechanismEvidence over every regime of `records`, and the regimes it had to leave out."""
-    regimes, skipped = {}, []
+                       plan: RealPlan | None = None, **kwargs) -> tuple[MechanismEvidence, list[str]]:
+    """MechanismEvidence over every regime of `records`, and the regimes it had to leave out; each regime
+    of the plan without a measurement is named in `unmeasured` with the reason."""
+    regimes, unmeasured = {}, {}
     for regime in sorted({r.regime for r in records}):
-        measured = regime_mechanism([r for r in records if r.regime == regime], high_pressure, **kwargs)
+        mine = [r for r in records if r.regime == regime]
+        measured = regime_mechanism(mine, high_pressure, plan=plan, **kwargs)
         if measured is None:
-            skipped.append(regime)
+            merges = sum(len(r.merge_starts_s) for r in mine if not r.is_no_sync)
+            span = mine[0].span_s
+            unmeasured[regime] = (f"no merge-active request in its valid real replays: {merges} merge(s) of the "
+                                  f"replayed schedules start inside the span"
+                                  + (f" [0, {span:g}) s" if span is not None else ""))
         else:
             regimes[regime] = measured
+    if plan is not None:
+        unmeasured.update({r: f"not replayed: {why}" for r, why in plan.left_out.items()})
+        unmeasured.update({r: "no valid real replay" for r in plan.regimes if r not in regimes and r not in unmeasured})
     extra = {} if threshold is None else {"gate_ratio_threshold": threshold}
-    return MechanismEvidence(regimes=regimes, **extra), skipped
+    return MechanismEvidence(regimes=regimes, unmeasured=unmeasured, **extra), sorted(unmeasured)
 
 
 def transfer_table(real: Sequence[ReplayRecord], simulated: Sequence[ReplayRecord], high_pressure: float

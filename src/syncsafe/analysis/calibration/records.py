@@ -128,14 +128,15 @@ def p95(values: np.ndarray) -> float | None:
 
 
 def no_sync_records(records: Iterable[ReplayRecord]) -> dict[tuple[str, int], ReplayRecord]:
-    """The (first) no-sync record of each (regime, seed); every seed with any record must have exactly one."""
+    """The first no-sync control among `records` of each (regime, seed) (the first replayed one, or the
+    earliest valid one when it was left out); every seed with any record must have one."""
     records = list(records)
     found: dict[tuple[str, int], ReplayRecord] = {}
-    for rec in records:
-        if rec.is_no_sync and not rec.repeat:
-            if rec.key in found:
-                raise ValueError(f"{rec.regime} seed {rec.seed}: more than one no_sync replay")
-            found[rec.key] = rec
+    for rec in sorted((r for r in records if r.is_no_sync), key=lambda r: r.control or 0):
+        if rec.key in found and (found[rec.key].control or 0) == (rec.control or 0):
+            raise ValueError(f"{rec.regime} seed {rec.seed}: more than one no_sync replay of control "
+                             f"{rec.control or 0}")
+        found.setdefault(rec.key, rec)
     missing = sorted({rec.key for rec in records} - set(found))
     if missing:
         raise ValueError(
@@ -143,6 +144,14 @@ def no_sync_records(records: Iterable[ReplayRecord]) -> dict[tuple[str, int], Re
             + ": the paired ratios and the fit need each seed's no_sync replay"
         )
     return found
+
+
+def without_later_controls(records: Iterable[ReplayRecord]) -> list[ReplayRecord]:
+    """`records` with one no-sync control per seed (`no_sync_records`'): what the fit and the fidelity
+    tables use, the later controls serving the drift check and the pairing only."""
+    records = list(records)
+    first = {id(r) for r in no_sync_records(records).values()}
+    return [r for r in records if not r.is_no_sync or id(r) in first]
 
 
 def control_records(records: Iterable[ReplayRecord]) -> dict[tuple[str, int], list[ReplayRecord]]:
@@ -189,10 +198,12 @@ def read_vllm_records(params: Params, root: Path, seeds: Iterable[int] | None = 
     """Every complete vLLM replay (index and repeats) of the given seeds (None: all) as a `ReplayRecord`.
 
     A replay marked invalid (too many failures, a late load generator, a busy
-    machine: `valid: false` in its summary) licenses nothing, and neither does
-    the rest of its seed: the paired measures need every replay of a seed, so
-    the whole seed is left out, with a warning naming it (`invalid_replays`
-    lists them for the reports).
+    machine: `valid: false` in its summary) licenses nothing and is left out,
+    with a warning naming it (`invalid_replays` lists them for the reports).
+    The seed's valid replays stand: a replay with merges is paired with the
+    nearest *valid* no-sync controls, and the fidelity sign check of a
+    controller needs it and one of its draws valid. A seed none of whose
+    no-sync controls is valid has nothing to pair with and is left out whole.
     """
     root = Path(root)
     index_path = layout.at(root, VLLM_INDEX)
@@ -208,7 +219,6 @@ def read_vllm_records(params: Params, root: Path, seeds: Iterable[int] | None = 
         index = index[index["seed"].isin(list(seeds))]
     cfg = params.replay.vllm
     records = []
-    invalid: set[tuple[str, int]] = set()
     timelines: dict[tuple[str, int], pd.DataFrame] = {}
     for row in index.to_dict("records"):
         out = layout.at(root, row["path"])
@@ -220,9 +230,9 @@ def read_vllm_records(params: Params, root: Path, seeds: Iterable[int] | None = 
         regime, seed = str(row["regime"]), int(row["seed"])
         control = summary.get("control", (1 if row["_repeat"] else 0) if row["source"] == "no_sync" else None)
         if not summary.get("valid", True):
-            invalid.add((regime, seed))
             warnings.warn(f"{out}: invalid replay ({summary.get('invalid_reason', 'marked invalid')}): "
-                          f"seed {seed} of {regime} is left out of calibration and fidelity", stacklevel=2)
+                          "left out of calibration and fidelity", stacklevel=2)
+            continue
         if (regime, seed) not in timelines:
             timelines[regime, seed] = read_timeline(root, regime, seed)
         records.append(ReplayRecord(
@@ -232,7 +242,11 @@ def read_vllm_records(params: Params, root: Path, seeds: Iterable[int] | None = 
             span_s=_span(summary), slo=SloSpec(**summary["slo"]) if summary.get("slo") else None,
             control=None if control is None else int(control), position=summary.get("position"),
         ))  # fmt: skip
-    return [r for r in records if (r.regime, r.seed) not in invalid]
+    controlled = {r.key for r in records if r.is_no_sync}
+    for regime, seed in sorted({r.key for r in records} - controlled):
+        warnings.warn(f"{regime} seed {seed}: no valid no-sync control, so nothing to pair its replays with: "
+                      "the seed is left out of calibration and fidelity", stacklevel=2)
+    return [r for r in records if r.key in controlled]
 
 
 def _span(summary: dict) -> float | None:

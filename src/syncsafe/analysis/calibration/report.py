@@ -65,7 +65,7 @@ def render_fit_report(calibration: Calibration, diagnostics: Mapping[str, object
         verdict = "shows" if mechanism.shows(regime) else "does not show"
         parts.append(f"- {regime}: the mechanism {verdict} on vLLM: {mechanism.describe(regime)}.")
     for regime in skipped:
-        parts.append(f"- {regime}: not measured (no merge-active request).")
+        parts.append(f"- {regime}: not measured ({mechanism.unmeasured.get(regime, 'no merge-active request')}).")
     spread = [(regime, s.seed, ", ".join(fmt(v, 4) for v in s.p95_ms), fmt(s.p95_spread),
                ", ".join(fmt(v) for v in s.slo_pct), fmt(s.slo_range_pp))
               for regime, m in sorted(mechanism.regimes.items()) for s in m.no_sync_spread]

@@ -28,7 +28,12 @@ from pydantic import ValidationError
 from syncsafe.analysis.calibration.fidelity import FIDELITY_COLUMNS, fidelity_evidence, save_cdf_figure
 from syncsafe.analysis.calibration.fit import CalibrationFit, fit_calibration
 from syncsafe.analysis.calibration.mechanism import mechanism_evidence, transfer_table
-from syncsafe.analysis.calibration.records import invalid_replays, read_vllm_records, simulate_record
+from syncsafe.analysis.calibration.records import (
+    invalid_replays,
+    read_vllm_records,
+    simulate_record,
+    without_later_controls,
+)
 from syncsafe.analysis.calibration.report import render_fidelity_report, render_fit_report
 from syncsafe.analysis.evidence import FidelityEvidence, MechanismEvidence
 from syncsafe.artifacts import layout
@@ -99,7 +104,7 @@ def calibrate_fit_stage(params: Params, root: Path = Path(".")) -> FitResult:
     transfer = transfer_table(fit_records, sims, params.replay.high_pressure) if fit_records else pd.DataFrame()
     info = {
         "fitted": fit.calibration.fitted, "reason": reason, "fit_seeds": fit_seeds, "held_out_seeds": held,
-        "fit_replays": [r.name for r in fit_records if not r.repeat], "profile": profile is not None,
+        "fit_replays": [r.name for r in without_later_controls(fit_records)], "profile": profile is not None,
         "fit_wall_s": wall_s, "diagnostics": fit.diagnostics,
     }
     return _write_fit(root, fit.calibration, mechanism, transfer, skipped, info["fit_replays"], info, reason)
