@@ -16,12 +16,15 @@ Sizing (`size_plans`), per regime on a grid of spans (quarter control
 cycles): the shortest span whose power reaches `power_target` and in which the
 primary controller merges on every planned seed where its draws could
 place that merge differently (else that seed's real controller-minus-random
-compares a replay with itself), with as many draws as fit; then the controllers of `replay.vllm.policies`, in
-order, while the regimes' planned wall time (replays x (span / time_scale +
-`OVERHEAD_S`)) fits `budget_s`; what is left of the budget then lengthens
-every span alike. When nothing powered fits, the primary with one draw gets
-the longest spans the budget allows, and its plan says how much power that
-buys (the gate will then report *underpowered* when it does not pass).
+compares a replay with itself), regimes in order while their planned wall
+time (replays x (span / time_scale + `OVERHEAD_S`)) fits `budget_s` (a regime
+that does not fit is left out with the reason, never replayed on a span that
+cannot measure it), with as many draws as fit; then the controllers of
+`replay.vllm.policies`, in order, while the budget allows; what is left of the
+budget then lengthens every span alike. When no regime can be powered, the
+first regime alone gets the longest informative span the budget allows, and
+its plan says how much power that buys (the gate will then report
+*underpowered* when it does not pass).
 """
 
 from __future__ import annotations
@@ -177,17 +180,29 @@ def _shortest_powered(power_at: Callable[[float], GatePower], grid: list[float],
     return grid[hi]
 
 
-def size_plans(designs: dict[str, RegimeDesign], controllers: list[str], budget_s: float, threshold: float,
-               power_target: float, max_draws: int, fixed_span_s: float | None = None) -> dict[str, SizedRegime]:
-    """Controllers, draws and span per regime, in this order of priority (see the module docstring):
+@dataclass(frozen=True)
+class Sizing:
+    """The sized plan: the regimes replayed, and why each other regime is not."""
 
-    1. the primary controller, powered, on spans where its real comparison with random carries
-       information on every planned seed (`informative`), with as many draws (up to `max_draws`)
-       as the budget allows;
+    regimes: dict[str, SizedRegime]
+    left_out: dict[str, str]
+
+
+def size_plans(designs: dict[str, RegimeDesign], controllers: list[str], budget_s: float, threshold: float,
+               power_target: float, max_draws: int, fixed_span_s: float | None = None) -> Sizing:
+    """Regimes, controllers, draws and span per regime, in this order of priority (see the module docstring):
+
+    1. the regimes in order (`designs`' order: `replay.vllm.regimes`), each with the primary controller
+       at its shortest powered span where its real comparison with random carries information on every
+       planned seed (`informative`), while the budget allows; the number of draws (up to `max_draws`)
+       that lets the most regimes in, the most draws on a tie;
     2. the further controllers, in order, while the budget allows;
     3. what is left of the budget lengthens every span alike.
-    Without a plan that fits, the primary alone with one draw gets the longest spans the budget allows
-    (informative or not: the budget is a limit, and the plan's power then says what it buys).
+    A regime that does not fit is left out, with the reason, rather than replayed on a span that
+    cannot measure it. When no regime can be powered within the budget, the first regime alone gets
+    the longest informative span the budget allows (any span if none is informative), with one draw,
+    and its plan says how much power that buys (the gate will then report *underpowered* when it does
+    not pass). A fixed span (`fixed_span_s`) is used as given, powered or not.
     """
     cache: dict[tuple[str, int, int, float], GatePower] = {}
 
@@ -197,45 +212,61 @@ def size_plans(designs: dict[str, RegimeDesign], controllers: list[str], budget_
             cache[key] = plan_power(designs[regime], controllers[:n], span, draws, threshold)
         return cache[key]
 
-    def total(spans: dict[str, float], n: int, draws: int) -> float:
-        return sum(wall_s(designs[r], n, draws, spans[r]) for r in designs)
+    # candidate spans: where the primary's real comparison with random carries information
+    informative_grids = {r: [g for g in _grid(d) if informative(d, controllers[0], g)] for r, d in designs.items()}
 
-    # candidate spans: where the primary's real comparison with random carries information (else all)
-    grids = {r: [g for g in _grid(d) if informative(d, controllers[0], g)] or _grid(d) for r, d in designs.items()}
-
-    def shortest(n: int, draws: int) -> dict[str, float] | None:
+    def shortest(regime: str, n: int, draws: int) -> float | None:
         if fixed_span_s is not None:
-            return {r: min(fixed_span_s, d.space.duration_s) for r, d in designs.items()}
-        out = {}
-        for r in designs:
-            found = _shortest_powered(lambda s, r=r: power(r, n, draws, s), grids[r], power_target)
-            if found is None:
-                return None
-            out[r] = found
-        return out
+            return min(fixed_span_s, designs[regime].space.duration_s)
+        grid = informative_grids[regime]
+        return _shortest_powered(lambda s: power(regime, n, draws, s), grid, power_target) if grid else None
 
-    chosen: tuple[int, int, dict[str, float]] | None = None
-    for draws in range(max_draws, 0, -1):
-        spans = shortest(1, draws)
-        if spans is not None and total(spans, 1, draws) <= budget_s:
-            chosen = (1, draws, spans)
-            break
-    if chosen is not None:
-        n_chosen, draws, spans = chosen
+    def admit(draws: int) -> tuple[dict[str, float], dict[str, str]]:
+        spans: dict[str, float] = {}
+        left_out: dict[str, str] = {}
+        used = 0.0
+        for regime, design in designs.items():
+            span = shortest(regime, 1, draws)
+            if span is None:
+                left_out[regime] = (f"no span where {controllers[0]} merges on every planned seed and its "
+                                    f"draws can place those merges differently"
+                                    if not informative_grids[regime] else
+                                    f"no span reaches gate power {power_target:.0%} with {draws} draw(s)")
+                continue
+            cost = wall_s(design, 1, draws, span)
+            if used + cost > budget_s:
+                left_out[regime] = (f"its shortest powered span ({span:g} s, about {cost:.0f} s of replays) "
+                                    f"does not fit the {max(budget_s - used, 0.0):.0f} s of budget_s left")
+                continue
+            spans[regime], used = span, used + cost
+        return spans, left_out
+
+    candidates = [(draws, *admit(draws)) for draws in range(max_draws, 0, -1)]
+    draws, spans, left_out = max(candidates, key=lambda c: (len(c[1]), c[0]))
+    if spans:
+        included = {r: designs[r] for r in spans}
+        n_chosen = 1
         for n in range(2, len(controllers) + 1):
-            more = shortest(n, draws)
-            if more is None or total(more, n, draws) > budget_s:
+            more = {r: shortest(r, n, draws) for r in included}
+            if any(v is None for v in more.values()) or \
+                    sum(wall_s(included[r], n, draws, more[r]) for r in included) > budget_s:  # type: ignore[arg-type]
                 break
-            n_chosen, spans = n, more
+            n_chosen, spans = n, more  # type: ignore[assignment]
         if fixed_span_s is None:
-            spans = _fill_budget(designs, grids, n_chosen, draws, spans, budget_s)
-    else:  # nothing powered fits: the primary with one draw, any span, as long as the budget allows
+            spans = _fill_budget(included, {r: informative_grids[r] for r in included}, n_chosen, draws, spans,
+                                 budget_s)
+    else:  # nothing powered fits: the first regime, one draw, its longest informative span the budget allows
         n_chosen, draws = 1, 1
-        every = {r: _grid(d) for r, d in designs.items()}
-        spans = shortest(1, 1) if fixed_span_s is not None else _fill_budget(designs, every, 1, 1, {}, budget_s)
-        assert spans is not None
-    return {r: SizedRegime(controllers[:n_chosen], draws, spans[r], power(r, n_chosen, draws, spans[r]),
-                           wall_s(designs[r], n_chosen, draws, spans[r])) for r in designs}
+        first = next(iter(designs))
+        fits = [g for g in informative_grids[first] if wall_s(designs[first], 1, 1, g) <= budget_s]
+        included = {first: designs[first]}
+        spans = ({first: shortest(first, 1, 1)} if fixed_span_s is not None  # type: ignore[dict-item]
+                 else _fill_budget(included, {first: fits or _grid(designs[first])}, 1, 1, {}, budget_s))
+        left_out = {r: f"{why}; the budget powers no regime, so only the first one is replayed"
+                    for r, why in admit(1)[1].items() if r != first}
+    sized = {r: SizedRegime(controllers[:n_chosen], draws, spans[r], power(r, n_chosen, draws, spans[r]),
+                            wall_s(designs[r], n_chosen, draws, spans[r])) for r in spans}
+    return Sizing(sized, {r: left_out[r] for r in designs if r not in sized})
 
 
 def _fill_budget(designs: dict[str, RegimeDesign], grids: dict[str, list[float]], n: int, draws: int,

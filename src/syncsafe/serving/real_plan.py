@@ -114,7 +114,7 @@ def plan_real_arm(params: Params, root: Path, index: pd.DataFrame, profile: Serv
         )  # fmt: skip
     sized = size_plans(designs, controllers, cfg.budget_s, threshold, cfg.power_target, cfg.draws, cfg.span_s)
     regimes = {}
-    for regime, s in sized.items():
+    for regime, s in sized.regimes.items():
         regimes[regime] = RegimePlan(
             regime=regime, time_scale=loads[regime].time_scale, span_s=s.span_s, fit_seeds=fit, held_out_seeds=held,
             controllers=s.controllers, draws=s.draws, controls=cfg.no_sync_controls, power=s.power.power,
@@ -123,7 +123,7 @@ def plan_real_arm(params: Params, root: Path, index: pd.DataFrame, profile: Serv
             left_out=[c for c in controllers if c not in s.controllers],
         )  # fmt: skip
     plan = RealPlan(regimes=regimes, loads=loads, placement=placement.record(), budget_s=cfg.budget_s,
-                    power_target=cfg.power_target, gate_ratio_threshold=threshold)
+                    power_target=cfg.power_target, gate_ratio_threshold=threshold, left_out=sized.left_out)
     for line in describe_plan(plan):
         tqdm.write(f"replay vllm: {line}")
     return plan
@@ -144,4 +144,5 @@ def describe_plan(plan: RealPlan) -> list[str]:
             f"{(p.power or 0.0):.0%} at the profiled effect (expected ratio {p.expected_gate_ratio or float('nan'):.3g}, "
             f"threshold {plan.gate_ratio_threshold:g}): {powered}"
             + (f"; left out for the budget: {', '.join(p.left_out)}" if p.left_out else ""))
+    lines += [f"{regime}: not replayed: {why}" for regime, why in plan.left_out.items()]
     return lines

@@ -83,6 +83,8 @@ class RealPlan(BaseModel):
     budget_s: float = Field(default=0.0, ge=0)
     power_target: float = Field(default=0.8, gt=0, le=1)
     gate_ratio_threshold: float = Field(default=1.05, gt=0)
+    #: Regimes of `replay.vllm.regimes` the plan does not replay, and why (the budget, no informative span).
+    left_out: dict[str, str] = Field(default_factory=dict)
     notes: list[str] = Field(default_factory=list)
 
     def time_scale(self, regime: str) -> float:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -51,27 +53,41 @@ def test_the_planned_pairs_come_from_the_very_draws_the_replay_makes():
 def test_the_plan_fits_its_budget_and_adds_controllers_only_while_it_fits():
     d = {"bursty": design()}
     small = size_plans(d, ["primary", "second"], budget_s=400.0, threshold=1.05, power_target=0.8, max_draws=2)
-    plan = small["bursty"]
+    plan = small.regimes["bursty"]
     assert plan.wall_s <= 400.0 and plan.controllers == ["primary"] and plan.draws == 2
     assert plan.power.power >= 0.8 and informative(d["bursty"], "primary", plan.span_s)
     large = size_plans(d, ["primary", "second"], budget_s=2000.0, threshold=1.05, power_target=0.8, max_draws=2)
-    assert large["bursty"].controllers == ["primary", "second"] and large["bursty"].draws == 2
-    assert large["bursty"].span_s >= plan.span_s and large["bursty"].wall_s <= 2000.0
+    assert large.regimes["bursty"].controllers == ["primary", "second"] and large.regimes["bursty"].draws == 2
+    assert large.regimes["bursty"].span_s >= plan.span_s and large.regimes["bursty"].wall_s <= 2000.0
 
 
 def test_draws_give_way_before_the_span_does_and_an_impossible_budget_says_underpowered():
     d = {"bursty": design()}
-    two = size_plans(d, ["primary"], budget_s=400.0, threshold=1.05, power_target=0.8, max_draws=2)["bursty"]
-    one = size_plans(d, ["primary"], budget_s=300.0, threshold=1.05, power_target=0.8, max_draws=2)["bursty"]
+    two = size_plans(d, ["primary"], budget_s=400.0, threshold=1.05, power_target=0.8, max_draws=2).regimes["bursty"]
+    one = size_plans(d, ["primary"], budget_s=300.0, threshold=1.05, power_target=0.8, max_draws=2).regimes["bursty"]
     assert (two.draws, one.draws) == (2, 1) and one.wall_s <= 300.0 and one.power.power >= 0.8
-    none = size_plans(d, ["primary"], budget_s=5.0, threshold=1.05, power_target=0.8, max_draws=2)["bursty"]
+    none = size_plans(d, ["primary"], budget_s=5.0, threshold=1.05, power_target=0.8, max_draws=2).regimes["bursty"]
     assert none.draws == 1 and none.power.power < 0.8
+
+
+def test_regimes_come_in_order_while_the_budget_allows_and_one_that_does_not_fit_is_left_out_with_why():
+    fast, slow = design(), design(time_scale=1.0)  # trace time at wall speed: its spans cost four times more
+    d = {"bursty": fast, "slow": replace(slow, regime="slow")}
+    sized = size_plans(d, ["primary"], budget_s=400.0, threshold=1.05, power_target=0.8, max_draws=2)
+    assert list(sized.regimes) == ["bursty"] and sized.regimes["bursty"].power.power >= 0.8
+    assert "does not fit" in sized.left_out["slow"] and "budget_s left" in sized.left_out["slow"]
+    both = size_plans(d, ["primary"], budget_s=4000.0, threshold=1.05, power_target=0.8, max_draws=2)
+    assert set(both.regimes) == {"bursty", "slow"} and both.left_out == {}
+    assert sum(p.wall_s for p in both.regimes.values()) <= 4000.0
+    starved = size_plans(d, ["primary"], budget_s=5.0, threshold=1.05, power_target=0.8, max_draws=2)
+    assert list(starved.regimes) == ["bursty"] and starved.regimes["bursty"].span_s == 5.0  # the smallest plan
+    assert "the budget powers no regime, so only the first one is replayed" in starved.left_out["slow"]
 
 
 def test_a_fixed_span_is_kept_and_its_power_stated():
     d = {"bursty": design()}
     sized = size_plans(d, ["primary"], budget_s=900.0, threshold=1.05, power_target=0.8, max_draws=2,
-                       fixed_span_s=100.0)["bursty"]
+                       fixed_span_s=100.0).regimes["bursty"]
     assert sized.span_s == 100.0 and sized.wall_s == pytest.approx(wall_s(d["bursty"], 1, sized.draws, 100.0))
     assert 0.0 <= sized.power.power <= 1.0
 
