@@ -4,6 +4,7 @@ afterwards has nothing to do; a failed item stops what depends on it and names i
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -43,12 +44,17 @@ def _outs(project: Path) -> dict[str, dict[str, str]]:
 
 def test_the_runner_writes_what_dvc_repro_writes_and_leaves_it_nothing_to_do(tmp_path, repo_root, raw_params):
     ours = _project(repo_root, tmp_path / "runner", raw_params)
-    done = _run(ours, sys.executable, "-m", "syncsafe.cli", "run", "--jobs", "2")
+    done = _run(ours, sys.executable, "-m", "syncsafe.cli", "run", "--jobs", "2",
+                env={"SYNCSAFE_TRACKING": "on", "MLFLOW_TRACKING_URI": ""})
     assert done.returncode == 0, done.stdout + done.stderr
     assert "15 of 15 stage items to run" in done.stdout and "ran 15 items" in done.stdout
     assert (ours / "logs" / "run" / "train@steady.log").stat().st_size > 0
     timings = yaml.safe_load((ours / "logs" / "run" / "timings.json").read_text())
     assert len(timings) == 15 and all(v > 0 for v in timings.values())
+    with sqlite3.connect(ours / "mlflow.db") as db:  # every stage run under the runner's one pipeline run
+        kinds = dict(db.execute("SELECT value, count(*) FROM tags WHERE key = 'syncsafe.run_kind' GROUP BY value"))
+        pipelines = db.execute("SELECT count(DISTINCT value) FROM tags WHERE key = 'syncsafe.pipeline_run_id'").fetchone()
+    assert kinds["pipeline"] == 1 and kinds["stage"] == 15 and pipelines == (1,)
     assert "up to date" in _run(ours, "dvc", "status").stdout
     again = _run(ours, "dvc", "repro")
     assert again.returncode == 0 and "Running stage" not in again.stdout

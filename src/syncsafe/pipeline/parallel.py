@@ -11,6 +11,8 @@ stage of one regime (`train@bursty`) or a stage that runs once (`analyze`).
   machine and nothing starts beside them (their busy-machine check would refuse the replays otherwise).
 - Bookkeeping: each finished item is recorded in dvc.lock (`dvc commit`), so `dvc repro` afterwards
   finds nothing to do, and its wall time in logs/run/timings.json, the next run's estimates.
+- Tracking: every item's stage run sits under one MLflow pipeline run, this runner's
+  (`SYNCSAFE_PIPELINE_RUN_ID`, unless set already).
 - Output: each item's output goes to logs/run/<item>.log; the terminal gets a line per started and
   finished item and a status line (`Progress`) with each running item's own progress bar and the time
   left.
@@ -41,6 +43,7 @@ from syncsafe.pipeline.declarations import REGIME, STAGES, StageSpec, overlaps, 
 from syncsafe.pipeline.progress import Progress
 from syncsafe.pipeline.runner import param, switched_on
 from syncsafe.procs import die_with_parent, log_tail
+from syncsafe.tracking.settings import PIPELINE_RUN_ID_ENV, pipeline_run_id
 
 RUN_LOGS = L.LOGS / "run"
 TIMINGS = RUN_LOGS / "timings.json"
@@ -207,6 +210,7 @@ def run(params: Params, root: Path = Path("."), jobs: int | None = None, force: 
     timings = _read_timings(root)
     progress = Progress(jobs, timings)
     running: dict[str, Running] = {}
+    env = {**os.environ, PIPELINE_RUN_ID_ENV: pipeline_run_id(), "PYTHONUNBUFFERED": "1"}
     echo(f"{len(pending)} of {len(items)} stage items to run, {jobs} cores"
          + (f"; up to date: {', '.join(outcome.skipped)}" if outcome.skipped else ""))
     with _stops_children(running), progress.shown():
@@ -214,7 +218,7 @@ def run(params: Params, root: Path = Path("."), jobs: int | None = None, force: 
             if outcome.failed is None:
                 for item in startable(pending, [r.item for r in running.values()], done, jobs):
                     pending.remove(item)
-                    running[item.name] = _start(item, root)
+                    running[item.name] = _start(item, root, env)
                     progress.say(f"start {item.name}" + (" (alone)" if item.alone else ""))
             elif not running:
                 break
@@ -243,10 +247,10 @@ def run(params: Params, root: Path = Path("."), jobs: int | None = None, force: 
     return outcome
 
 
-def _start(item: Item, root: Path) -> Running:
+def _start(item: Item, root: Path, env: dict[str, str]) -> Running:
     log = root / RUN_LOGS / f"{item.name}.log"
     with open(log, "w") as fh:
         proc = subprocess.Popen([sys.executable, *item.spec.argv(item.regime or "")], cwd=root, stdout=fh,
-                                stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                stderr=subprocess.STDOUT, env=env,
                                 preexec_fn=functools.partial(die_with_parent, os.getpid()))
     return Running(item, proc, log, time.monotonic())

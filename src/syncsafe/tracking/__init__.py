@@ -4,7 +4,8 @@ A stage runs inside :func:`tracked_stage`: the stage run starts on entry
 (system metrics sampled from then on, if asked), and when the stage's entry
 function returns, the stage's collector (:mod:`syncsafe.tracking.collectors`)
 reads what it wrote through :mod:`syncsafe.artifacts` and logs one nested item
-run per regime x policy x seed x draw. Tracking never loses results: when the
+run per regime x policy x seed: the unit people compare, its draws, references and
+replays as tables and summary metrics of that run. Tracking never loses results: when the
 store cannot be reached the stage's files are already complete and tracking
 only warns (:class:`TrackingWarning`, one line naming the store), unless
 strict mode is on, in which case it raises :class:`TrackingError`.
@@ -23,14 +24,16 @@ Hierarchy (one experiment per pipeline, default ``syncsafe``)
       stage run   (``stage``: one per stage process, e.g. ``schedules@bursty``;
                    params of its params.yaml section, stage-level artifacts,
                    system metrics)
-        item run  (``item``: one per regime x policy x seed x draw ...)
+        item run  (``item``: one per regime x policy x seed; a controller's matched-random
+                   draws and references ride in its run's ``derived`` table and
+                   ``<policy>.<metric>[.min/.mean/.max]`` metrics)
 
     Every run carries the tags ``stage, regime, policy, seed, draw, matched_to,
     backend, profile, git_commit, dvc_lock_md5`` (empty string where not
     applicable) and ``syncsafe.pipeline_run_id``.
 
 Pipeline run id (how the separate processes of one ``dvc repro`` find one parent)
-    1. ``SYNCSAFE_PIPELINE_RUN_ID`` when set (a DAG runner sets its own run id);
+    1. ``SYNCSAFE_PIPELINE_RUN_ID`` when set (a DAG sets its own run id, ``syncsafe run`` its own);
     2. under DVC (``DVC_STAGE`` set): the ``dvc`` process that launched the stage,
        ``dvc-<its start time>-<host>-<its pid>``, the same for every stage of
        one ``dvc repro``/``dvc exp run`` and different for the next one;

@@ -152,9 +152,13 @@ def dvc_lock_md5(root: str | os.PathLike[str] = ".") -> str:
         return ""
 
 
+#: Environment variable a pipeline runner (`syncsafe run`, a DAG) sets for its stage processes.
+PIPELINE_RUN_ID_ENV = "SYNCSAFE_PIPELINE_RUN_ID"
+
+
 def pipeline_run_id() -> str:
     """The id shared by every stage process of one pipeline run; see the module docstring."""
-    env = os.environ.get("SYNCSAFE_PIPELINE_RUN_ID", "").strip()
+    env = os.environ.get(PIPELINE_RUN_ID_ENV, "").strip()
     if env:
         return _safe_id(env)
     host = _safe_name(socket.gethostname().split(".")[0])
