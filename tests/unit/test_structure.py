@@ -98,3 +98,15 @@ def test_every_dvc_param_key_is_spelled_out_in_params_yaml():
                         break
                     node = node[part]
     assert not missing, f"dvc.yaml params not in params.yaml: {sorted(set(missing))}"
+
+
+def test_every_test_module_has_a_basename_of_its_own():
+    # pytest imports test modules by basename (no packages under tests/): two files with one name
+    # stop the whole collection with "import file mismatch".
+    seen: dict[str, Path] = {}
+    clashes = []
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        if path.name in seen:
+            clashes.append(f"{seen[path.name].relative_to(ROOT)} and {path.relative_to(ROOT)}")
+        seen.setdefault(path.name, path)
+    assert clashes == []
