@@ -25,6 +25,9 @@ schedules_app = typer.Typer(help="Merge schedules: bare `syncsafe schedules` sho
 app.add_typer(schedules_app, name="schedules")
 replay_app = typer.Typer(help="Serving replay: bare `syncsafe replay` shows the summary view.")
 app.add_typer(replay_app, name="replay")
+study_app = typer.Typer(help="Studies (studies/<name>.yaml): ablations and sensitivity sweeps as DVC experiments.",
+                        no_args_is_help=True)
+app.add_typer(study_app, name="study")
 
 ParamsOpt = Annotated[Path, typer.Option("--params", help="params.yaml to read")]
 RootOpt = Annotated[Path, typer.Option("--root", help="project root that data/ and runs/ live under")]
@@ -272,6 +275,8 @@ def compare(
     pipeline_run: Annotated[
         str | None, typer.Option("--pipeline-run", help="one pipeline run id; default: latest run per seed and draw")
     ] = None,
+    study: Annotated[str | None, typer.Option("--study", help="a study: policy x point, mean [95 % CI] over seeds "
+                                                  "of --metric gap_closed (default) or slo_pct")] = None,
     root: RootOpt = Path("."),
 ) -> None:
     """Policy x seed table of a tracked metric (mean ± sd, matched-random envelope) from MLflow.
@@ -283,6 +288,21 @@ def compare(
 
     if fmt not in ("md", "csv"):
         raise BadInput(f"--format {fmt!r}: expected md or csv")
+    if study is not None:
+        from syncsafe.studies.run import experiment_name
+        from syncsafe.tracking.settings import tracking_uri
+        from syncsafe.tracking.studies import study_compare_table
+
+        chosen = "gap_closed" if metric == "slo_violation_rate" else metric
+        try:
+            table = study_compare_table(tracking_uri(root), experiment_name(study), study, chosen)
+        except ValueError as err:
+            raise BadInput(str(err)) from None
+        from syncsafe.analysis.report import markdown_table
+
+        text = table.to_csv(index=False) if fmt == "csv" else markdown_table(list(table.columns), table.values.tolist())
+        typer.echo(text.rstrip("\n"))
+        return
     from syncsafe.pipeline.declarations import STAGES
 
     if stage is not None and stage not in {s.name for s in STAGES}:
@@ -341,6 +361,71 @@ def run_pipeline(
         raise typer.Exit(code)
     total = sum(outcome.walls.values())
     typer.echo(f"ran {len(outcome.walls)} items ({total:.0f} s of stage wall time); dvc.lock records them")
+
+
+StudyArg = Annotated[str, typer.Argument(help="a study file's name: studies/<name>.yaml")]
+FullOpt = Annotated[bool, typer.Option("--full", help="leave out the study's cheap overrides (trained "
+                                                      "schedules, real replays: the nightly's version)")]
+
+
+@study_app.command("run")
+@_fails_cleanly
+def study_run(name: StudyArg, full: FullOpt = False,
+              dry_run: Annotated[bool, typer.Option("--dry-run", help="print the queue commands only")] = False,
+              root: RootOpt = Path(".")) -> None:
+    """Queue one DVC experiment per point (`dvc exp run --queue -S ...`), run them one at a time, then report."""
+    from syncsafe.studies.report import write_study_report
+    from syncsafe.studies.run import queue_commands, run_study
+    from syncsafe.studies.spec import load_study
+
+    study = load_study(root, name, full=full)
+    if dry_run:
+        for command in queue_commands(study):
+            typer.echo(" ".join(command))
+        return
+    run_study(root, study, echo=typer.echo)
+    typer.echo(f"study {name}: report in {write_study_report(root, study)}")
+
+
+@study_app.command("points")
+@_fails_cleanly
+def study_points(name: StudyArg, full: FullOpt = False, root: RootOpt = Path(".")) -> None:
+    """The study's points as JSON (slug, experiment, whether it trains): what the study DAG maps over."""
+    import json
+
+    from syncsafe.studies.spec import load_study, point_params
+
+    study = load_study(root, name, full=full)
+    typer.echo(json.dumps([{"point": p.name, "slug": p.slug, "experiment": study.experiment(p),
+                            "trains": point_params(root, study, p).schedules.source == "train"}
+                           for p in study.points]))
+
+
+@study_app.command("point")
+@_fails_cleanly
+def study_point(name: StudyArg, point: Annotated[str, typer.Argument(help="the point's slug (`study points`)")],
+                full: FullOpt = False, root: RootOpt = Path(".")) -> None:
+    """Run one point in the foreground as a DVC experiment (`dvc exp run --temp`)."""
+    from syncsafe.studies.run import run_point
+    from syncsafe.studies.spec import load_study
+
+    study = load_study(root, name, full=full)
+    chosen = [p for p in study.points if p.slug == point]
+    if not chosen:
+        raise BadInput(f"point {point!r}: not a point of study {name} ({', '.join(p.slug for p in study.points)})")
+    record = run_point(root, study, chosen[0], echo=typer.echo)
+    typer.echo(f"point {record.point}: experiment {record.experiment}; ran {len(record.ran)} stage(s), "
+               f"reused {len(record.reused)}")
+
+
+@study_app.command("report")
+@_fails_cleanly
+def study_report(name: StudyArg, full: FullOpt = False, root: RootOpt = Path(".")) -> None:
+    """Judge the study's points from their DVC experiments (nothing reruns): reports/studies/<name>/."""
+    from syncsafe.studies.report import write_study_report
+    from syncsafe.studies.spec import load_study
+
+    typer.echo(str(write_study_report(root, load_study(root, name, full=full))))
 
 
 @app.command("dvc-yaml")

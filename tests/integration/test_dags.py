@@ -35,6 +35,7 @@ AIRFLOW = REPO / ".venv-airflow" / "bin" / "airflow"
 
 sys.path.insert(0, str(DAGS))
 import syncsafe_dag_support as sup  # noqa: E402  (standard library only: importable here)
+from project_copy import GIT_IDENTITY, study_project  # noqa: E402
 
 #: The Makefile's airflow-nightly-tiny conf: the tiny profile (syncsafe/profiles/tiny.yaml), vLLM replay off.
 TINY_CONF = {"profile": "tiny", "vllm": False}
@@ -82,7 +83,7 @@ _INSPECT = textwrap.dedent(
     for dag_id, dag in bag.dags.items():
         rejected = {}
         for key, bad in (("profile", "tpu"), ("seeds", [-1]), ("regimes", []), ("random_draws", 0),
-                         ("overrides", "x"), ("targets", "traces")):
+                         ("overrides", "x"), ("targets", "traces"), ("study", "../x")):
             if key in dag.params:
                 try:
                     dag.params.get_param(key).resolve(bad)
@@ -117,7 +118,7 @@ def _inspect(tmp_path: Path, **env: str) -> dict:
 def test_dagbag_imports_cleanly_and_every_dag_has_tags_and_retries(tmp_path: Path) -> None:
     bag = _inspect(tmp_path)
     assert bag["import_errors"] == {}
-    assert set(bag["dags"]) == {"syncsafe_nightly", "syncsafe_repro"}
+    assert set(bag["dags"]) == {"syncsafe_nightly", "syncsafe_repro", "syncsafe_study"}
     for dag_id, dag in bag["dags"].items():
         assert "syncsafe" in dag["tags"], dag_id
         assert dag["tasks"], dag_id
@@ -153,6 +154,17 @@ def test_dagbag_imports_cleanly_and_every_dag_has_tags_and_retries(tmp_path: Pat
             assert (t["queue"], t["pool"]) == ("gpu", "gpu"), spec.name
         else:
             assert t["pool"] == "default_pool", spec.name
+
+
+def test_the_study_dag_maps_points_to_cpu_and_gpu_tasks_before_its_report(tmp_path: Path) -> None:
+    study = _inspect(tmp_path)["dags"]["syncsafe_study"]
+    tasks = study["tasks"]
+    assert set(tasks) == {"cpu_points", "gpu_points", "run_cpu_point", "run_gpu_point", "report"}
+    assert tasks["run_cpu_point"]["upstream"] == ["cpu_points"] and tasks["run_gpu_point"]["upstream"] == ["gpu_points"]
+    assert (tasks["run_gpu_point"]["queue"], tasks["run_gpu_point"]["pool"]) == ("gpu", "gpu")
+    assert tasks["run_cpu_point"]["pool"] == "default_pool"
+    assert set(tasks["report"]["upstream"]) == {"run_cpu_point", "run_gpu_point"}
+    assert {"study", "full"} <= set(study["params"])
 
 
 def test_gpu_tasks_follow_the_routing_environment(tmp_path: Path) -> None:
@@ -394,3 +406,22 @@ def test_vllm_python_is_resolved_on_the_worker_that_replays(tmp_path: Path, monk
     raw["replay"]["vllm"]["python"] = "/usr/bin/python3"
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
     assert sup.vllm_params_here(tmp_path, REPO) == "params.yaml"  # nothing to change: the run's own file
+
+
+@pytest.mark.slow
+def test_study_dag_runs_one_mapped_task_per_point_then_the_report(airflow_home: Path, tmp_path: Path, tiny_raw) -> None:
+    project = study_project(REPO, tmp_path / "project", tiny_raw())
+    env = _airflow_env(airflow_home, SYNCSAFE_REPO=str(project), SYNCSAFE_RETRIES="0", **GIT_IDENTITY)
+    done = _run([str(AIRFLOW), "dags", "test", "syncsafe_study", "-c", json.dumps({"study": "tiny"})], env,
+                timeout=1500)
+    assert done.returncode == 0, _tail(done)
+    states = _task_states(airflow_home, "syncsafe_study")
+    assert states[("cpu_points", -1)] == states[("gpu_points", -1)] == states[("report", -1)] == "success", states
+    assert {k: v for k, v in states.items() if k[0] == "run_cpu_point"} == {("run_cpu_point", 0): "success",
+                                                                             ("run_cpu_point", 1): "success"}
+    assert all(v == "skipped" for k, v in states.items() if k[0] == "run_gpu_point"), states  # nothing trains
+    table = pd.read_csv(project / "reports" / "studies" / "tiny" / "table.csv")
+    assert table["point"].tolist() == ["SLO multiplier=1.5", "SLO multiplier=2.0"]
+    for slug in ("SLO-multiplier-1p5", "SLO-multiplier-2p0"):
+        record = json.loads((project / "reports" / "studies" / "tiny" / "points" / f"{slug}.json").read_text())
+        assert record["ok"] and "analyze" in record["ran"], record

@@ -86,6 +86,17 @@ def test_run_outputs(reference):
     assert not (run / "checkpoints").exists()
 
 
+def test_a_run_trained_alone_is_byte_identical_to_the_same_run_trained_after_another(reference, tmp_path, tiny_raw):
+    # the reference trains fixed_h then pressure_gate in the same island processes (one launch per regime);
+    # each run resets model, optimisers, data and RNG from its seed, so what ran before leaves no trace
+    alone = tmp_path / "alone"
+    train(make_project(alone, tiny_raw()), alone, policies=["pressure_gate"])
+    ours, theirs = train_dir(alone, "bursty", "pressure_gate", 0), train_dir(reference, "bursty", "pressure_gate", 0)
+    files = sorted(p.relative_to(theirs) for p in theirs.rglob("*") if p.is_file())
+    assert files and files == sorted(p.relative_to(ours) for p in ours.rglob("*") if p.is_file())
+    assert [f for f in files if (ours / f).read_bytes() != (theirs / f).read_bytes()] == []
+
+
 def _exported(run: Path):
     from transformers import AutoModelForCausalLM
 

@@ -114,3 +114,16 @@ def test_without_a_period_a_spike_reverts_to_the_mean():
     calm = lookahead()
     feed(calm, lambda t: quiet[t] if t < 590 else 1.5, 600.0)  # at the bottom of its range: merge now
     assert calm.decide(reports(), sample(600.0, 1.5), clock(600.0)).merge
+
+
+def test_the_lookahead_ablation_plans_one_cycle_ahead_only():
+    now = 430.0  # inside a burst, three more cycles feasible before max_h
+    full, myopic = lookahead(), build_policy("wa_lookahead-lookahead", ControlConfig(), MergeConfig(), 0, Calibration(), GRID)
+    for policy in (full, myopic):
+        feed(policy, square_wave, now)
+    cost_full, _, _ = full.plan(reports(), now, clock(now))
+    cost_myopic, value, _ = myopic.plan(reports(), now, clock(now))
+    assert len(cost_full) == 4 and len(cost_myopic) == 2
+    assert np.allclose(cost_myopic, cost_full[:2])  # the same forecast, cut at the next cycle
+    assert value[1] == cost_myopic[1]  # the next cycle is priced as if it were the forced one
+    assert myopic.name == "wa_lookahead-lookahead"

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
+from pathlib import Path
 
-from syncsafe.config import CONTROLLER_POLICIES, ControlConfig, MergeConfig, ScoreWeights
+import pytest
+import yaml
+
+from syncsafe.config import CONTROLLER_POLICIES, ConfigError, ControlConfig, MergeConfig, ScoreWeights, parse_params
 from syncsafe.control.forecasters import EwmaForecaster
 from syncsafe.control.policies import FixedH, PressureGate, RandomDeferral, WaCalibrated, WaDiloco, WaForecast, build_policy
 from syncsafe.control.types import ClockState, FleetSignals, LearnerReport
@@ -111,5 +114,48 @@ def test_wa_forecast_defers_when_the_forecast_rises():
 def test_every_configured_policy_builds():
     names = [p.name for p in all_policies()]
     assert names == list(CONTROLLER_POLICIES)
-    with pytest.raises(ValueError, match="unknown policy"):
+    with pytest.raises(ValueError, match="not a controller policy"):
         build_policy("oracle", ControlConfig(), MergeConfig(), 0, Calibration(), 0.5)
+
+
+@pytest.mark.parametrize("term,weights", [
+    ("progress", {"w_progress": 0.0}), ("staleness", {"w_staleness": 0.0}), ("pressure", {"w_pressure": 0.0}),
+])
+def test_an_ablated_wa_diloco_is_the_full_policy_with_that_weight_at_zero(term, weights):
+    control, merge = ControlConfig(), MergeConfig()
+    ablated = build_policy(f"wa_diloco-{term}", control, merge, 0, Calibration(), 0.5)
+    by_hand = WaDiloco(ScoreWeights(**{**ScoreWeights().model_dump(), **weights}))
+    assert ablated.name == f"wa_diloco-{term}" and type(ablated) is WaDiloco
+    cases = [(reports(drop=d), signals(inference=i), clock(since=s))
+             for d in (0.0, 0.01, 0.05) for i in (0.0, 0.4, 0.9) for s in (20, 40, 60)]
+    for r, sig, c in cases:
+        mine, theirs = ablated.decide(r, sig, c), by_hand.decide(r, sig, c)
+        assert (mine.merge, mine.score) == (theirs.merge, theirs.score)
+    # and the term is really gone: at full pressure the full policy defers where the ablation without
+    # pressure merges (score 0.5 * 1 + 1 * 40/80 = 1.0 against threshold 0.25, minus 1.0 with pressure)
+    if term == "pressure":
+        full = build_policy("wa_diloco", control, merge, 0, Calibration(), 0.5)
+        hot = (reports(drop=0.05), signals(inference=1.0), clock(since=40))
+        assert ablated.decide(*hot).merge and not full.decide(*hot).merge
+
+
+def test_forecast_and_cost_ablations_switch_off_their_own_term_only():
+    control, merge = ControlConfig(), MergeConfig()
+    forecast = build_policy("wa_forecast-forecast", control, merge, 0, Calibration(), 0.5)
+    cost = build_policy("wa_calibrated-cost", control, merge, 0, Calibration(), 0.5)
+    assert isinstance(forecast, WaForecast) and forecast.w_forecast == 0.0 and forecast.w == control.score
+    assert isinstance(cost, WaCalibrated) and cost.w_cost == 0.0 and cost.w == control.score
+    plain = build_policy("wa_diloco", control, merge, 0, Calibration(), 0.5)
+    for inference in (0.0, 0.5, 1.0):
+        args = (reports(), signals(inference=inference), clock(since=40))
+        assert cost.decide(*args).score == pytest.approx(plain.decide(*args).score)
+
+
+@pytest.mark.parametrize("name", ["wa_diloco-cost", "fixed_h-h", "wa_diloco-", "wa_lookahead-pressure", "nope"])
+def test_a_name_that_is_no_policy_or_variant_is_refused_naming_the_choices(name):
+    with pytest.raises(ValueError, match="not a controller policy"):
+        build_policy(name, ControlConfig(), MergeConfig(), 0, Calibration(), 0.5)
+    raw = yaml.safe_load((Path(__file__).resolve().parents[2] / "params.yaml").read_text(encoding="utf-8"))
+    raw["control"]["policies"] = ["fixed_h", name]
+    with pytest.raises(ConfigError, match=r"control.policies.1: .*not a controller policy"):
+        parse_params(raw)

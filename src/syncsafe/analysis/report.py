@@ -19,6 +19,7 @@ import pandas as pd
 
 from syncsafe.analysis.evidence import FidelityEvidence, MechanismEvidence
 from syncsafe.analysis.verdicts import Tier
+from syncsafe.config import policy_label
 
 Row = dict[str, Any]
 
@@ -124,7 +125,8 @@ def _verdicts(policies: pd.DataFrame) -> str:
     claims = policies[policies["tier"] != Tier.REFERENCE].sort_values(
         ["regime", "tier_rank", "policy"], ascending=[True, False, True]
     )
-    rows = [(r.regime, r.policy, f"**{r.tier}**", LICENSES[Tier(r.tier)], r.reason) for r in claims.itertuples()]
+    rows = [(r.regime, policy_label(r.policy), f"**{r.tier}**", LICENSES[Tier(r.tier)], r.reason)
+            for r in claims.itertuples()]
     table = markdown_table(["regime", "policy", "tier", "what it licenses", "reason"], rows) if rows else "_No controller runs._"
     return "## Verdicts\n\n" + table
 
@@ -165,7 +167,7 @@ def _gap(row: Row) -> str:
 
 # (header, cell of a policy-table row, shown for controllers only)
 POLICY_COLUMNS: tuple[tuple[str, Callable[[Row], str], bool], ...] = (
-    ("policy", lambda r: str(r["policy"]) + (" (primary)" if r.get("primary") else ""), False),
+    ("policy", lambda r: policy_label(str(r["policy"])) + (" (primary)" if r.get("primary") else ""), False),
     ("seeds", lambda r: str(r["n_seeds"]), False),
     ("SLO %", lambda r: _num(r["slo_pct_mean"]), False),
     ("sync-excess pp", lambda r: _signed(r["sync_excess_pct_mean"]), False),

@@ -25,6 +25,7 @@ No other module writes these names; they import them from here. Two forms:
       REPORTS                     reports
       report_rel(POLICY_TABLE_FILE)   reports/policy_table.csv
       TRAIN_LOGS                  logs/train  (wall-clock facts: not stage outputs)
+      study_dir(root, name), study_log_dir(root, name)   reports/studies/<name>, logs/studies/<name>
       VLLM_SERVER_LOG, LIVE_SERVER_LOG   logs/replay-vllm/server.log, logs/live/server.log
       VLLM_PROFILE, VLLM_PLAN     runs/replay-sets/vllm/profile.json, runs/replay-sets/vllm/plan.json
       UNTRAINED_MODEL, VLLM_CACHE, TOKENIZER_CACHE   models/serve-untrained, models/vllm-cache, models/tokenizer
@@ -142,6 +143,14 @@ LIVE_INDEX = LIVE / INDEX_FILE
 TRAIN_LOGS = LOGS / "train"
 VLLM_SERVER_LOG = LOGS / "replay-vllm" / SERVER_LOG_FILE
 LIVE_SERVER_LOG = LOGS / "live" / SERVER_LOG_FILE
+#: Studies (syncsafe.studies, not stage outputs): reports/studies/<name>/{table.csv, seeds.csv, figure.png,
+#: report.md, run.json, points/<point>.json}; the queue's logs in logs/studies/<name>/.
+STUDIES = REPORTS / "studies"
+STUDY_LOGS = LOGS / "studies"
+STUDY_TABLE_FILE = "table.csv"
+STUDY_SEEDS_FILE = "seeds.csv"
+STUDY_FIGURE_FILE = "figure.png"
+STUDY_POINTS_DIR = "points"
 #: Scratch folders of running stages (`<kind>-<pid>-<random>`), reaped at the next stage start once their pid is gone.
 SCRATCH = LOGS / "scratch"
 UNTRAINED_MODEL = MODELS / "serve-untrained"
@@ -367,3 +376,13 @@ def fidelity_dir(root: PathLike) -> Path:
 def reports_dir(root: PathLike) -> Path:
     """<root>/reports/."""
     return at(root, REPORTS)
+
+
+def study_dir(root: PathLike, name: str) -> Path:
+    """<root>/reports/studies/<name>/."""
+    return Path(root) / STUDIES / name
+
+
+def study_log_dir(root: PathLike, name: str) -> Path:
+    """<root>/logs/studies/<name>/."""
+    return Path(root) / STUDY_LOGS / name

@@ -29,13 +29,17 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from syncsafe.config.base import (
+    ABLATABLE_TERMS,
     CONTROLLER_POLICIES,
+    PolicyName,
     RESERVED_SERVER_ARGS,
     ConfigError,
     Fraction,
     PositiveFloat,
     Strict,
     max_num_seqs,
+    policy_label,
+    split_policy,
 )
 from syncsafe.config.sections import (
     AnalysisConfig,
@@ -63,7 +67,7 @@ from syncsafe.config.sections import (
 )
 from syncsafe.config.workload import BurstyRegime, PressureHeavyRegime, Regime, RequestShape, SteadyRegime, TraceRegime, TracesConfig
 
-__all__ = ["AnalysisConfig", "BurstyRegime", "CONTROLLER_POLICIES", "CalibratedConfig", "ConfigError", "ControlConfig", "FidelityTargets", "FixedHConfig", "ForecastConfig", "Fraction", "HarnessConfig", "HubSource", "LiveConfig", "LookaheadConfig", "MergeConfig", "ModelShape", "PositiveFloat", "PressureGateConfig", "PressureHeavyRegime", "PrimaryTest", "RESERVED_SERVER_ARGS", "RandomDeferralConfig", "Regime", "ReplayConfig", "RequestShape", "SchedulesConfig", "ScoreWeights", "SimulatorReplay", "SloConfig", "SteadyRegime", "Strict", "TraceRegime", "TracesConfig", "TrainConfig", "VllmReplay", "BASE_PROFILE", "max_num_seqs", "Params", "load_params", "profile_label", "parse_params", "read_yaml"]
+__all__ = ["ABLATABLE_TERMS", "AnalysisConfig", "BurstyRegime", "CONTROLLER_POLICIES", "CalibratedConfig", "ConfigError", "ControlConfig", "FidelityTargets", "FixedHConfig", "ForecastConfig", "Fraction", "HarnessConfig", "HubSource", "LiveConfig", "LookaheadConfig", "MergeConfig", "ModelShape", "PolicyName", "PositiveFloat", "PressureGateConfig", "PressureHeavyRegime", "PrimaryTest", "RESERVED_SERVER_ARGS", "RandomDeferralConfig", "Regime", "ReplayConfig", "RequestShape", "SchedulesConfig", "ScoreWeights", "SimulatorReplay", "SloConfig", "SteadyRegime", "Strict", "TraceRegime", "TracesConfig", "TrainConfig", "VllmReplay", "BASE_PROFILE", "max_num_seqs", "policy_label", "split_policy", "Params", "load_params", "profile_label", "parse_params", "read_yaml"]
 
 # --------------------------------------------------------------------------- root
 

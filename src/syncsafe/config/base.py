@@ -6,7 +6,7 @@ import re
 from collections.abc import Sequence
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from syncsafe.errors import BadInput
 
@@ -22,6 +22,42 @@ CONTROLLER_POLICIES = (
     "wa_seasonal",
     "wa_lookahead",
 )
+
+#: Score terms a controller policy can run without (`<policy>-<term>`, e.g. `wa_diloco-pressure`): an ablated
+#: variant is the same policy class with that term's weight at zero (`lookahead`: a horizon of one cycle).
+ABLATABLE_TERMS: dict[str, tuple[str, ...]] = {
+    "wa_diloco": ("progress", "staleness", "pressure"),
+    "wa_calibrated": ("progress", "staleness", "pressure", "cost"),
+    "wa_forecast": ("progress", "staleness", "pressure", "forecast"),
+    "wa_seasonal": ("progress", "staleness", "pressure", "forecast"),
+    "wa_lookahead": ("progress", "staleness", "lookahead"),
+}
+
+
+def split_policy(name: str) -> tuple[str, str | None]:
+    """(base policy, ablated term or None) of a controller policy name; ValueError naming what is allowed."""
+    if name in CONTROLLER_POLICIES:
+        return name, None
+    base, sep, term = name.partition("-")
+    if sep and base in ABLATABLE_TERMS and term in ABLATABLE_TERMS[base]:
+        return base, term
+    variants = [f"{b}-{t}" for b, terms in ABLATABLE_TERMS.items() for t in terms]
+    raise ValueError(f"{name!r} is not a controller policy: one of {list(CONTROLLER_POLICIES)} or an ablated "
+                     f"variant {variants}")
+
+
+def policy_label(name: str) -> str:
+    """How reports print a policy: an ablated variant reads `wa_diloco−pressure` (a minus sign)."""
+    return name.replace("-", "\u2212") if "-" in name and name.partition("-")[0] in ABLATABLE_TERMS else name
+
+
+def _controller_policy(name: str) -> str:
+    split_policy(name)
+    return name
+
+
+#: A controller policy name in params: one of CONTROLLER_POLICIES or `<policy>-<term>` (ABLATABLE_TERMS).
+PolicyName = Annotated[str, AfterValidator(_controller_policy)]
 
 
 #: vLLM server arguments its identity depends on (loopback bind, free port, random

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from syncsafe.config.base import CONTROLLER_POLICIES, RESERVED_SERVER_ARGS, Fraction, PositiveFloat, Strict, max_num_seqs
+from syncsafe.config.base import CONTROLLER_POLICIES, RESERVED_SERVER_ARGS, PolicyName, Fraction, PositiveFloat, Strict, max_num_seqs
 
 # --------------------------------------------------------------------------- control
 
@@ -68,6 +68,9 @@ class LookaheadConfig(Strict):
     #: Cost of deferring a merge one cycle, in units of the cost spread per unit of
     #: wa_diloco's progress + staleness terms.
     w_defer: Annotated[float, Field(ge=0)] = 0.25
+    #: Control cycles ahead the induction looks at most (null: every cycle up to the forced merge);
+    #: 1 compares now with the next cycle only (the `wa_lookahead-lookahead` ablation).
+    horizon_cycles: Annotated[int, Field(ge=1)] | None = None
 
 
 class ControlConfig(Strict):
@@ -77,7 +80,7 @@ class ControlConfig(Strict):
     min_h: Annotated[int, Field(ge=1)] = 4
     #: A merge is forced once this many steps have passed since the last one.
     max_h: Annotated[int, Field(ge=1)] = 16
-    policies: list[Literal[CONTROLLER_POLICIES]] = Field(  # type: ignore[valid-type]
+    policies: list[PolicyName] = Field(
         default_factory=lambda: list(CONTROLLER_POLICIES), min_length=1
     )
     fixed_h: FixedHConfig = FixedHConfig()
@@ -308,7 +311,7 @@ class LiveConfig(Strict):
     #: Seeds to run; null = every seed.
     seeds: list[Annotated[int, Field(ge=0)]] | None = None
     #: The controller policy the live run gates merges with.
-    policy: Literal[CONTROLLER_POLICIES] = "wa_forecast"  # type: ignore[valid-type]
+    policy: PolicyName = "wa_forecast"
     #: Trace seconds per wall second (arrivals, control cycles and merge windows alike).
     time_scale: PositiveFloat = 4.0
     #: Trace seconds each live run lasts (its action space's duration).

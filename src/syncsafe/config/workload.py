@@ -36,6 +36,9 @@ class _RegimeBase(Strict):
     #: Mean checkpoint writes per hour by other jobs sharing storage.
     checkpoints_per_hour: Annotated[float, Field(ge=0)] = 6.0
     checkpoint_s: PositiveFloat = 10.0
+    #: Multiplier on the regime's request arrival rate (a load sweep's knob; a trace regime applies it on
+    #: top of `rate_scale`). 1 leaves the regime as specified.
+    load_scale: PositiveFloat = 1.0
 
 
 class BurstyRegime(_RegimeBase):

@@ -184,6 +184,8 @@ class WaLookahead(Policy):
     ) -> tuple[np.ndarray, np.ndarray, str]:
         """Cost of merging at each feasible cycle k (forecast + deferral) and V_k, the value of waiting until k."""
         n_ahead = max(0, (clock.max_h - clock.steps_since_merge) // clock.min_h)
+        if self.cfg.horizon_cycles is not None:
+            n_ahead = min(n_ahead, self.cfg.horizon_cycles)
         x = np.fromiter(self._x, dtype=float, count=len(self._x))
         c = self._window_costs(x)
         mean, spread, sigma, method = self.candidate_costs(t_s, n_ahead, x, c)

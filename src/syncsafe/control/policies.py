@@ -30,6 +30,9 @@ rule:
 
 Forecasting policies also see every fleet sample observed between decisions
 through `observe`.
+
+Ablated variants (`wa_diloco-pressure`, `wa_lookahead-lookahead`, ...) are
+these classes with one term switched off by parameters (`build_policy`).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from syncsafe.config import ControlConfig, MergeConfig, ScoreWeights
+from syncsafe.config import ControlConfig, MergeConfig, ScoreWeights, split_policy
 from syncsafe.control.forecasters import EwmaForecaster, SeasonalForecaster
 from syncsafe.control.types import ClockState, Decision, FleetSignals, LearnerReport
 from syncsafe.control.serving_model import Calibration
@@ -197,7 +200,35 @@ class WaSeasonal(WaForecast):
 def build_policy(
     name: str, control: ControlConfig, merge: MergeConfig, seed: int, calibration: Calibration, grid_s: float
 ) -> Policy:
-    """The policy `name` configured from params; `grid_s` is the signal sampling step."""
+    """The policy `name` configured from params; `grid_s` is the signal sampling step.
+
+    An ablated variant `<policy>-<term>` (config.ABLATABLE_TERMS) is the same class built with that term's
+    weight at zero (`lookahead`: a horizon of one cycle) and carries the variant's name.
+    """
+    base, term = split_policy(name)
+    if term is not None:
+        control = _without(control, term)
+    policy = _build(base, control, merge, seed, calibration, grid_s)
+    policy.name = name
+    return policy
+
+
+def _without(control: ControlConfig, term: str) -> ControlConfig:
+    """`control` with one score term switched off."""
+    if term in ("progress", "staleness", "pressure"):
+        return control.model_copy(update={"score": control.score.model_copy(update={f"w_{term}": 0.0})})
+    if term == "forecast":
+        return control.model_copy(update={"forecast": control.forecast.model_copy(update={"w_forecast": 0.0})})
+    if term == "cost":
+        return control.model_copy(update={"calibrated": control.calibrated.model_copy(update={"w_cost": 0.0})})
+    if term == "lookahead":
+        return control.model_copy(update={"lookahead": control.lookahead.model_copy(update={"horizon_cycles": 1})})
+    raise ValueError(f"no ablation for term {term!r}")
+
+
+def _build(
+    name: str, control: ControlConfig, merge: MergeConfig, seed: int, calibration: Calibration, grid_s: float
+) -> Policy:
     fc = control.forecast
     if name == "fixed_h":
         return FixedH(control.fixed_h.h)

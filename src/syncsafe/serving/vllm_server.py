@@ -91,10 +91,18 @@ def _group_alive(pgid: int) -> bool:
 
 
 def resolve_python(python: str | Path) -> str:
-    """A path (relative to the working directory) or a bare name looked up on PATH."""
+    """A path (relative to the working directory) or a bare name looked up on PATH.
+
+    A relative path missing here is looked up under the DVC project a `dvc exp run --queue` experiment came
+    from (DVC_ROOT): the experiment runs in a temporary copy that holds no virtual environments.
+    """
     text = str(python)
     if "/" in text:
-        return str(Path(text).absolute())  # not resolve(): a venv python is a symlink to the base interpreter
+        path = Path(text)
+        project = os.environ.get("DVC_ROOT", "")
+        if not path.is_absolute() and not path.exists() and project and (Path(project) / path).exists():
+            path = Path(project) / path
+        return str(path.absolute())  # not resolve(): a venv python is a symlink to the base interpreter
     found = shutil.which(text)
     if found is None:
         raise ServerError(f"vLLM python {text!r} not found on PATH (set replay.vllm.python)")

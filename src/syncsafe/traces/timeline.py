@@ -41,6 +41,8 @@ def generate_timeline(name: str, regime: RegimeConfig, step_s: float, seed: int)
         busy, rate = _steady(regime, t, rng)
     else:
         busy, rate = _pressure_heavy(regime, t, step_s, rng)
+    if regime.load_scale != 1.0:  # pressure stays relative to the regime's unscaled peak: more load, more pressure
+        rate = rate * regime.load_scale
     peak = _peak_rate(regime)
     inference = np.clip(rate / peak + rng.normal(0.0, 0.03, t.size), 0.0, 1.0)
     network = np.clip(regime.network_base + 0.25 * busy + rng.normal(0.0, 0.03, t.size), 0.0, 1.0)

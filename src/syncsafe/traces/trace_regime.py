@@ -202,7 +202,7 @@ def load_trace(params: Params, name: str) -> tuple[pd.DataFrame, int, float]:
     limit = token_limit(params)
     requests, clipped = clip_tokens(import_trace(cfg.format, cfg.path), limit)
     length = float(requests["arrival_s"].iloc[-1])
-    scaled = scale_rate(requests.assign(clipped=clipped), cfg.rate_scale, name)
+    scaled = scale_rate(requests.assign(clipped=clipped), cfg.rate_scale * cfg.load_scale, name)
     if scaled.empty:
         raise TraceImportError(f"{cfg.path}: regimes.{name}.rate_scale {cfg.rate_scale:g} leaves no request")
     return scaled, limit, length

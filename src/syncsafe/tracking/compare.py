@@ -242,12 +242,16 @@ def _seed_order(seed: str) -> tuple[int, int | str]:
 
 def _policy_order(policy: str) -> str:
     """no_sync, fixed_h and the controllers in their params order, other policies, offline_bound."""
-    from syncsafe.config import CONTROLLER_POLICIES
+    from syncsafe.config import CONTROLLER_POLICIES, split_policy
 
     if policy == "no_sync":
         return "0"
-    if policy in CONTROLLER_POLICIES:
-        return f"1:{CONTROLLER_POLICIES.index(policy):03d}"
+    try:
+        base, term = split_policy(policy)
+    except ValueError:
+        base, term = "", None
+    if base:  # an ablated variant right after its policy
+        return f"1:{CONTROLLER_POLICIES.index(base):03d}:{term or ''}"
     if policy in ("matched_random", "offline_bound"):
         return f"3:{policy}"
     return f"2:{policy}"

@@ -157,10 +157,14 @@ PIPELINE_RUN_ID_ENV = "SYNCSAFE_PIPELINE_RUN_ID"
 
 
 def pipeline_run_id() -> str:
-    """The id shared by every stage process of one pipeline run; see the module docstring."""
+    """The id shared by every stage process of one pipeline run: the runner's (SYNCSAFE_PIPELINE_RUN_ID),
+    else the DVC experiment's name (`dvc exp run`), else the launching `dvc repro`'s process, else this one's."""
     env = os.environ.get(PIPELINE_RUN_ID_ENV, "").strip()
     if env:
         return _safe_id(env)
+    experiment = os.environ.get("DVC_EXP_NAME", "").strip()
+    if experiment:  # a `dvc exp run` (a study point): its stages share the experiment's name
+        return f"dvc-exp-{_safe_name(experiment)}"
     host = _safe_name(socket.gethostname().split(".")[0])
     if os.environ.get("DVC_STAGE"):
         found = _dvc_launcher()

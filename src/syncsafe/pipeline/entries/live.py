@@ -8,15 +8,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from syncsafe.config import CONTROLLER_POLICIES, ConfigError, Params
+from syncsafe.config import ConfigError, Params, split_policy
 from syncsafe.serving.live import build_live_index, run_live
 
 
 def run(params: Params, root: Path, regime: str, params_path: Path, *, policy: str | None = None,
         seeds: list[int] | None = None) -> str:
     name = policy or params.live.policy
-    if name not in CONTROLLER_POLICIES:
-        raise ConfigError(f"--policy {name!r}: not a controller policy ({list(CONTROLLER_POLICIES)})")
+    try:
+        split_policy(name)
+    except ValueError as exc:
+        raise ConfigError(f"--policy: {exc}") from None
     chosen = seeds or params.live.seeds or params.seeds
     for value in chosen:
         if value not in params.seeds:

@@ -7,11 +7,18 @@ from pathlib import Path
 from syncsafe.artifacts import layout
 from syncsafe.config import ConfigError, Params
 from syncsafe.diloco.launch import train_regime
+from syncsafe.io import replace_directory
 
 
 def run(params: Params, root: Path, regime: str, params_path: Path, *, policies: list[str] | None = None,
         seeds: list[int] | None = None, resume: bool = False) -> str:
-    """All of the regime's runs, or the chosen `policies` x `seeds`; `resume` skips complete runs."""
+    """All of the regime's runs, or the chosen `policies` x `seeds`; `resume` skips complete runs.
+
+    With `schedules.source: harness` nothing reads training runs: the output is left empty, not trained.
+    """
+    if params.schedules.source != "train":
+        out = replace_directory(layout.at(root, layout.train_rel(regime)), lambda _: None)
+        return f"train {regime}: off (schedules.source: {params.schedules.source}); {out} left empty"
     for name in policies or []:
         if name not in params.control.policies:
             raise ConfigError(f"--policy {name!r}: not in control.policies ({params.control.policies})")

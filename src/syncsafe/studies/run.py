@@ -1,0 +1,191 @@
+"""`syncsafe study run NAME`: one DVC experiment per point, queued, then run one at a time.
+
+Each point becomes `dvc exp run --queue --name <study>-<point> -S ++key=value ...`; the queue then runs with
+one worker (`dvc exp run --run-all --jobs 1`: parallel queue workers are unreliable in current DVC). Every
+experiment runs in a temporary copy of the project, so only what git or DVC tracks goes with it: a study
+refuses to start while source files it would need are untracked. A stage whose deps and params a point does
+not change is restored from DVC's run cache, not rerun; the run records, per point, which stages ran and
+which were reused (`reports/studies/<name>/points/<point>.json`; `run.json` adds the queue's wall time; the
+queue's own logs in `logs/studies/<name>/`). `run_point` runs one point in the foreground
+(`dvc exp run --temp`), for orchestrators that map one task per point.
+
+Stage runs of the points go to the MLflow experiment `study-<name>` of this project's store, one pipeline
+run per point (its id is the DVC experiment's name, see tracking.settings.pipeline_run_id).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from syncsafe.artifacts import layout
+from syncsafe.artifacts.layout import study_dir, study_log_dir
+from syncsafe.errors import BadInput
+from syncsafe.io import write_json, write_text
+from syncsafe.studies.spec import Point, Study, set_param_args
+from syncsafe.timebase import now
+from syncsafe.tracking.settings import PIPELINE_RUN_ID_ENV, tracking_uri
+
+#: What a point's queue log says about a stage: restored from the run cache, unchanged, or run.
+_REUSED = re.compile(r"Stage '([^']+)' (?:is cached - skipping run|didn't change, skipping)")
+_RAN = re.compile(r"Running stage '([^']+)'")
+#: Paths an experiment's temporary copy must find in git.
+_CODE = ("src", "stages", "studies", "dvc.yaml", "params.yaml")
+
+
+class StudyFailed(RuntimeError):
+    """A point's experiment did not finish."""
+
+
+@dataclass
+class PointRun:
+    point: str
+    experiment: str
+    overrides: dict
+    ok: bool
+    ran: list[str] = field(default_factory=list)
+    reused: list[str] = field(default_factory=list)
+
+
+@dataclass
+class StudyRun:
+    study: str
+    full: bool
+    wall_s: float
+    points: list[PointRun]
+
+
+def experiment_name(study: str) -> str:
+    """The MLflow experiment a study's runs go to."""
+    return f"study-{study}"
+
+
+def dvc(root: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dvc", *args], cwd=root, capture_output=True, text=True, env=env)
+
+
+def _checked(done: subprocess.CompletedProcess[str], what: str) -> str:
+    if done.returncode != 0:
+        raise StudyFailed(f"{what} failed (exit {done.returncode}): {(done.stderr or done.stdout).strip()[-800:]}")
+    return done.stdout
+
+
+def experiment_refs(root: Path) -> dict[str, str]:
+    """Every DVC experiment of the repository: name -> commit (from the `refs/exps` git refs)."""
+    done = subprocess.run(["git", "for-each-ref", "refs/exps", "--format=%(refname) %(objectname)"], cwd=root,
+                          capture_output=True, text=True)
+    _checked(done, "git for-each-ref refs/exps")
+    refs = {}
+    for line in done.stdout.splitlines():
+        ref, _, sha = line.partition(" ")
+        if ref.count("/") >= 4:  # refs/exps/<baseline[:2]>/<baseline[2:]>/<name>
+            refs[ref.rsplit("/", 1)[1]] = sha
+    return refs
+
+
+def untracked_code(root: Path) -> list[str]:
+    """Files a point's experiment needs that git does not track (they would be missing from its copy)."""
+    done = subprocess.run(["git", "ls-files", "--others", "--exclude-standard", "--", *_CODE], cwd=root,
+                          capture_output=True, text=True)
+    return _checked(done, "git ls-files").split()
+
+
+def study_env(root: Path, study: str) -> dict[str, str]:
+    """The queue's environment: this interpreter's tools first on PATH, this project's tracking store."""
+    env = {k: v for k, v in os.environ.items() if k != PIPELINE_RUN_ID_ENV}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["MLFLOW_TRACKING_URI"] = tracking_uri(root)
+    env["SYNCSAFE_EXPERIMENT"] = experiment_name(study)
+    return env
+
+
+def queue_commands(study: Study) -> list[list[str]]:
+    """The `dvc exp run --queue` command line of every point (what `--dry-run` prints)."""
+    return [["dvc", "exp", "run", "--queue", "--name", study.experiment(p), *set_param_args(overrides)]
+            for p, overrides in zip(study.points, study_overrides(study))]
+
+
+def study_overrides(study: Study) -> list[dict]:
+    """Each point's overrides as the experiment gets them: the study's shared ones, then the point's."""
+    return [{**study.shared, **p.overrides} for p in study.points]
+
+
+def _prepare(root: Path, study: Study, names: list[str], env: dict[str, str], echo: Callable[[str], None]) -> None:
+    missing = untracked_code(root)
+    if missing:
+        raise BadInput(f"untracked files an experiment copy would lack: {', '.join(missing[:8])}"
+                       f"{' ...' if len(missing) > 8 else ''}; `git add` them first")
+    old = sorted(set(names) & set(experiment_refs(root)))
+    if old:
+        echo(f"replacing {len(old)} earlier experiment(s) of study {study.name}: {', '.join(old)}")
+        _checked(dvc(root, "exp", "remove", *old, env=env), "dvc exp remove")
+
+
+def _record(root: Path, study: Study, point: Point, text: str, ok: bool) -> PointRun:
+    """What the point's log says it ran and reused; written to reports/studies/<name>/points/<point>.json."""
+    write_text(study_log_dir(root, study.name) / f"{point.slug}.log", text)
+    record = PointRun(point=point.name, experiment=study.experiment(point),
+                      overrides={**study.shared, **point.overrides}, ok=ok,
+                      ran=sorted(set(_RAN.findall(text))), reused=sorted(set(_REUSED.findall(text))))
+    write_json(study_dir(root, study.name) / layout.STUDY_POINTS_DIR / f"{point.slug}.json", asdict(record))
+    return record
+
+
+def run_point(root: Path, study: Study, point: Point, *, echo: Callable[[str], None] = print) -> PointRun:
+    """One point in the foreground (`dvc exp run --temp`): what the study DAG's mapped tasks run."""
+    env = study_env(root, study.name)
+    name = study.experiment(point)
+    _prepare(root, study, [name], env, echo)
+    command = [sys.executable, "-m", "dvc", "exp", "run", "--temp", "--name", name,
+               *set_param_args({**study.shared, **point.overrides})]
+    text = _stream(command, root, env, echo)
+    record = _record(root, study, point, text, ok=name in experiment_refs(root))
+    if not record.ok:
+        raise StudyFailed(f"study {study.name}: point {point.name} did not finish; see {study_log_dir(root, study.name)}/")
+    return record
+
+
+def run_study(root: Path, study: Study, *, echo: Callable[[str], None] = print) -> StudyRun:
+    """Queue every point of `study`, run the queue one experiment at a time, and record each point."""
+    env = study_env(root, study.name)
+    names = [study.experiment(p) for p in study.points]
+    _prepare(root, study, names, env, echo)
+    dvc(root, "queue", "remove", *names, env=env)  # queued entries of an interrupted run, if any
+    for command in queue_commands(study):
+        _checked(dvc(root, *command[1:], env=env), " ".join(command[:6]))
+    echo(f"queued {len(names)} point(s) of study {study.name}; running them one at a time")
+    started = now()
+    _stream([sys.executable, "-m", "dvc", "exp", "run", "--run-all", "--jobs", "1"], root, env, echo,
+            log=study_log_dir(root, study.name) / "queue.log")
+    wall = now() - started
+    done = experiment_refs(root)
+    runs = [_record(root, study, point, dvc(root, "queue", "logs", name, env=env).stdout, ok=name in done)
+            for point, name in zip(study.points, names)]
+    record = StudyRun(study=study.name, full=study.full, wall_s=round(wall, 1), points=runs)
+    write_json(study_dir(root, study.name) / layout.RUN_FILE, asdict(record))
+    failed = [r.point for r in runs if not r.ok]
+    if failed:
+        raise StudyFailed(f"study {study.name}: point(s) {', '.join(failed)} did not finish; "
+                          f"see {study_log_dir(root, study.name)}/")
+    return record
+
+
+def _stream(command: list[str], root: Path, env: dict[str, str], echo: Callable[[str], None],
+            log: Path | None = None) -> str:
+    """Run `command`, echoing its output line by line (and into `log`); returns the output."""
+    lines = []
+    proc = subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line)
+        echo(line.rstrip("\n"))
+    proc.wait()
+    text = "".join(lines)
+    if log is not None:
+        write_text(log, text)
+    return text
