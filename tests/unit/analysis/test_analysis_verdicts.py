@@ -9,23 +9,13 @@ from syncsafe.analysis.evidence import FidelityEvidence, MechanismEvidence, Regi
 from syncsafe.analysis.protocol import run_protocol
 from syncsafe.analysis.runs_table import load_runs_table
 from syncsafe.analysis.verdicts import Tier, assign_tiers, assign_verdict
+from verdict_rows import winner_row as row
 
 
 def tiers_of(frame, mechanism, fidelity=None, alpha=0.05, primary=None) -> dict[str, Tier]:
     policies = run_protocol(load_runs_table(frame), primary=primary).policies
     table = assign_tiers(policies, mechanism, fidelity=fidelity, alpha=alpha)
     return {row.policy: Tier(row.tier) for row in table.itertuples()}
-
-
-def row(**overrides) -> dict:
-    """A policy-table row of a clear winner, with fields overridden."""
-    base = dict(
-        regime="bursty", policy="wa_diloco", n_seeds=10, seeds_won=10, backend="simulator",
-        sync_excess_pct_mean=1.0, mr_sync_excess_pct_mean=5.0, p_rank=1e-6, p_adjusted=1e-5,
-        p_vs_matched_random=0.001, p_vs_fixed_cadence=0.001, p_vs_fixed_cadence_adjusted=0.004,
-        gap_closed_mean=0.8, training="non-inferior", loss_rel_diff_mean=0.0, loss_rel_diff_ci_high=0.004,
-    )
-    return {**base, **overrides}
 
 
 def test_clear_winner_with_mechanism_and_licensed_simulator_beats_matched_random(clear_winner, mechanism, fidelity):

@@ -15,18 +15,7 @@ from syncsafe.analysis.synthetic import synthetic_runs
 from syncsafe.analysis.verdicts import Tier, assign_tiers, assign_verdict
 from syncsafe.cli import app
 from syncsafe.config import ConfigError, FidelityTargets, parse_params
-
-
-def winner_row(**overrides) -> dict:
-    """A policy-table row of a clear winner on the simulator."""
-    base = dict(
-        regime="bursty", policy="wa_diloco", n_seeds=10, seeds_won=10, backend="simulator",
-        sync_excess_pct_mean=1.0, mr_sync_excess_pct_mean=5.0, p_rank=1e-6, p_adjusted=1e-5,
-        p_vs_matched_random=0.001, p_vs_fixed_cadence=0.001, p_vs_fixed_cadence_adjusted=0.004,
-        gap_closed_mean=0.8, training="non-inferior", loss_rel_diff_mean=0.0, loss_rel_diff_ci_high=0.004,
-        loss_seeds="10/10",
-    )
-    return {**base, **overrides}
+from verdict_rows import winner_row
 
 
 def agreement(seed: int, real: float, sim: float, policy: str = "wa_diloco", regime: str = "bursty") -> dict:

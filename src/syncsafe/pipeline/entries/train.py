@@ -16,14 +16,14 @@ def run(params: Params, root: Path, regime: str, params_path: Path, *, policies:
 
     With `schedules.source: harness` nothing reads training runs: the output is left empty, not trained.
     """
-    if params.schedules.source != "train":
-        out = replace_directory(layout.at(root, layout.train_rel(regime)), lambda _: None)
-        return f"train {regime}: off (schedules.source: {params.schedules.source}); {out} left empty"
     for name in policies or []:
         if name not in params.control.policies:
             raise ConfigError(f"--policy {name!r}: not in control.policies ({params.control.policies})")
     for value in seeds or []:
         if value not in params.seeds:
             raise ConfigError(f"--seed {value}: not in seeds ({params.seeds})")
+    if params.schedules.source != "train":
+        out = replace_directory(layout.at(root, layout.train_rel(regime)), lambda _: None)
+        return f"train {regime}: off (schedules.source: {params.schedules.source}); {out} left empty"
     dirs = train_regime(params, params_path, regime, root, resume=resume, policies=policies, seeds=seeds)
     return f"train {regime}: {len(dirs)} runs in {layout.at(root, layout.train_rel(regime))}"
