@@ -398,7 +398,7 @@ def study_points(name: StudyArg, full: FullOpt = False, root: RootOpt = Path("."
     study = load_study(root, name, full=full)
     typer.echo(json.dumps([{"point": p.name, "slug": p.slug, "experiment": study.experiment(p),
                             "trains": point_params(root, study, p).schedules.source == "train"}
-                           for p in study.points]))
+                           for p in study.distinct()]))
 
 
 @study_app.command("point")
@@ -410,9 +410,9 @@ def study_point(name: StudyArg, point: Annotated[str, typer.Argument(help="the p
     from syncsafe.studies.spec import load_study
 
     study = load_study(root, name, full=full)
-    chosen = [p for p in study.points if p.slug == point]
+    chosen = [p for p in study.distinct() if p.slug == point]
     if not chosen:
-        raise BadInput(f"point {point!r}: not a point of study {name} ({', '.join(p.slug for p in study.points)})")
+        raise BadInput(f"point {point!r}: not a point of study {name} that runs ({', '.join(p.slug for p in study.distinct())})")
     record = run_point(root, study, chosen[0], echo=typer.echo)
     typer.echo(f"point {record.point}: experiment {record.experiment}; ran {len(record.ran)} stage(s), "
                f"reused {len(record.reused)}")

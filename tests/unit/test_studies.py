@@ -52,7 +52,12 @@ def test_the_shipped_studies_validate_and_name_their_points(project: Path):
     assert set(load[0].overrides) == {f"regimes.{r}.load_scale" for r in regimes}  # the wildcard, every regime
     assert point_params(project, sensitivity, load[0]).regimes["bursty"].load_scale == 0.5
     names = [sensitivity.experiment(p) for p in sensitivity.points]
-    assert len(set(names)) == 15 and "sensitivity-SLO-multiplier-1p25" in names
+    assert "sensitivity-SLO-multiplier-1p25" in names
+    # the baseline value of each axis lands on the same params: one DVC experiment serves those five points
+    baseline = {p.name for p in sensitivity.points if sensitivity.experiment(p) == "sensitivity-merge-window-s-8"}
+    assert baseline == {"merge window (s)=8", "max_h (inner steps)=16", "SLO multiplier=1.5", "load scale=1.0",
+                        "matched-random draws=20"}
+    assert len(set(names)) == len(sensitivity.distinct()) == 11
 
 
 def test_overrides_become_hydra_set_params():
@@ -91,6 +96,8 @@ def test_a_bad_study_file_is_one_line_naming_the_file_point_and_key(project: Pat
 def test_an_unknown_study_names_the_ones_there_are(project: Path):
     done = CliRunner().invoke(app, ["study", "run", "nope", "--dry-run", "--root", str(project)])
     assert done.exit_code == 2 and "have ablation, sensitivity" in done.output
+    outside = CliRunner().invoke(app, ["study", "run", "../params", "--dry-run", "--root", str(project)])
+    assert outside.exit_code == 2 and "letters, digits" in outside.output
 
 
 def test_dry_run_prints_one_queue_command_per_point(project: Path):

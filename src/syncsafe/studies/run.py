@@ -106,8 +106,8 @@ def study_env(root: Path, study: str) -> dict[str, str]:
 
 def queue_commands(study: Study) -> list[list[str]]:
     """The `dvc exp run --queue` command line of every point (what `--dry-run` prints)."""
-    return [["dvc", "exp", "run", "--queue", "--name", study.experiment(p), *set_param_args(overrides)]
-            for p, overrides in zip(study.points, study_overrides(study))]
+    return [["dvc", "exp", "run", "--queue", "--name", study.experiment(p),
+             *set_param_args({**study.shared, **p.overrides})] for p in study.distinct()]
 
 
 def study_overrides(study: Study) -> list[dict]:
@@ -153,7 +153,7 @@ def run_point(root: Path, study: Study, point: Point, *, echo: Callable[[str], N
 def run_study(root: Path, study: Study, *, echo: Callable[[str], None] = print) -> StudyRun:
     """Queue every point of `study`, run the queue one experiment at a time, and record each point."""
     env = study_env(root, study.name)
-    names = [study.experiment(p) for p in study.points]
+    names = [study.experiment(p) for p in study.distinct()]
     _prepare(root, study, names, env, echo)
     dvc(root, "queue", "remove", *names, env=env)  # queued entries of an interrupted run, if any
     for command in queue_commands(study):
@@ -164,8 +164,9 @@ def run_study(root: Path, study: Study, *, echo: Callable[[str], None] = print) 
             log=study_log_dir(root, study.name) / "queue.log")
     wall = now() - started
     done = experiment_refs(root)
-    runs = [_record(root, study, point, dvc(root, "queue", "logs", name, env=env).stdout, ok=name in done)
-            for point, name in zip(study.points, names)]
+    logs = {name: dvc(root, "queue", "logs", name, env=env).stdout for name in names}
+    runs = [_record(root, study, point, logs[study.experiment(point)] if study.experiment(point) == f"{study.name}-"
+                    f"{point.slug}" else "", ok=study.experiment(point) in done) for point in study.points]
     record = StudyRun(study=study.name, full=study.full, wall_s=round(wall, 1), points=runs)
     write_json(study_dir(root, study.name) / layout.RUN_FILE, asdict(record))
     failed = [r.point for r in runs if not r.ok]

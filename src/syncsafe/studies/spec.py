@@ -91,10 +91,17 @@ class Study:
     full: bool
     #: The overrides every point gets before its own: `common`, then `cheap` unless full.
     shared: dict[str, Any]
+    #: point slug -> the slug of the first point with the very same params (itself if none came before): DVC
+    #: keeps one experiment per content, so points that land on the same params share it.
+    same_as: dict[str, str]
 
     def experiment(self, point: Point) -> str:
-        """The DVC experiment name of a point."""
-        return f"{self.name}-{point.slug}"
+        """The DVC experiment name of a point (the first point's with the same params)."""
+        return f"{self.name}-{self.same_as.get(point.slug, point.slug)}"
+
+    def distinct(self) -> list[Point]:
+        """The points that run: one per distinct params."""
+        return [p for p in self.points if self.same_as.get(p.slug, p.slug) == p.slug]
 
 
 def slug(text: str) -> str:
@@ -113,6 +120,8 @@ def available(root: Path) -> list[str]:
 
 def load_study(root: Path, name: str, *, full: bool = False) -> Study:
     """Read studies/<name>.yaml and build its points, each validated against the project's params."""
+    if not re.fullmatch(r"[A-Za-z0-9_-]+", name):
+        raise ConfigError(f"study {name!r}: a study's name is letters, digits, `_` and `-` (studies/<name>.yaml)")
     path = study_path(root, name)
     if not path.is_file():
         raise ConfigError(f"{path}: no such study (have {', '.join(available(root)) or 'none'})")
@@ -141,9 +150,14 @@ def load_study(root: Path, name: str, *, full: bool = False) -> Study:
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         raise ConfigError(f"{path}: points {twice} share a name")
+    same_as: dict[str, str] = {}
+    seen: list[tuple[Params, str]] = []
     for point in points:
-        _validated(base, {**shared, **point.overrides}, f"{path}: point {point.name}")
-    return Study(name=name, path=path, spec=spec, points=points, policy=policy, full=full, shared=shared)
+        params = _validated(base, {**shared, **point.overrides}, f"{path}: point {point.name}")
+        same_as[point.slug] = next((slug for earlier, slug in seen if earlier == params), point.slug)
+        seen.append((params, point.slug))
+    return Study(name=name, path=path, spec=spec, points=points, policy=policy, full=full, shared=shared,
+                 same_as=same_as)
 
 
 def point_params(root: Path, study: Study, point: Point) -> Params:
@@ -154,7 +168,7 @@ def point_params(root: Path, study: Study, point: Point) -> Params:
 
 
 def _ablation_point(variant: str) -> Point:
-    base, term = split_policy(variant)
+    base, _ = split_policy(variant)
     # fixed_h stays: the protocol also judges every controller against the fixed cadence
     overrides = {"control.policies": ["fixed_h", base, variant], "analysis.primary.policy": base,
                  "replay.vllm.policies": [], "live.policy": base}
