@@ -45,17 +45,13 @@ CONCURRENCY = int(os.environ.get("SYNCSAFE_STUDY_CONCURRENCY", "1"))
 
 
 def _run(ctx: dict, *args: str) -> str:
-    """The study CLI in the checkout, in the pipeline environment, its exports quoted."""
-    import shlex
-
+    """The study CLI in the checkout, in the pipeline environment (`stage_command`: exports quoted)."""
     import syncsafe_dag_support as sup
 
     repo = sup.repo_dir()
     run = {"python": sup.pipeline_python(), "pipeline_run_id": sup.pipeline_run_id(DAG_ID, ctx["run_id"]),
-           "mlflow_default": f"sqlite:///{repo / 'mlflow.db'}"}
-    full = ["--full"] if ctx["params"]["full"] else []
-    cli = [run["python"], "-m", sup.CLI, "study", *args, *full, "--root", "."]
-    return "\n".join([sup.shell_env(run), f"cd {shlex.quote(str(repo))}", "exec " + shlex.join(cli)])
+           "mlflow_default": f"sqlite:///{repo / 'mlflow.db'}", "workdir": str(repo)}
+    return sup.stage_command(run, "study", *args, *(["--full"] if ctx["params"]["full"] else []), params=None)
 
 
 def _points(trains: bool) -> list[str]:

@@ -165,8 +165,9 @@ def run_study(root: Path, study: Study, *, echo: Callable[[str], None] = print) 
     wall = now() - started
     done = experiment_refs(root)
     logs = {name: dvc(root, "queue", "logs", name, env=env).stdout for name in names}
-    runs = [_record(root, study, point, logs[study.experiment(point)] if study.experiment(point) == f"{study.name}-"
-                    f"{point.slug}" else "", ok=study.experiment(point) in done) for point in study.points]
+    # a point that shares another's experiment ran nothing of its own: its log is empty
+    runs = [_record(root, study, point, logs[study.experiment(point)] if study.same_as[point.slug] == point.slug
+                    else "", ok=study.experiment(point) in done) for point in study.points]
     record = StudyRun(study=study.name, full=study.full, wall_s=round(wall, 1), points=runs)
     write_json(study_dir(root, study.name) / layout.RUN_FILE, asdict(record))
     failed = [r.point for r in runs if not r.ok]
