@@ -56,9 +56,19 @@ def train(
     resume: Annotated[bool, typer.Option("--resume", help="skip complete runs; continue others from their last merge")] = False,
     params: ParamsOpt = Path("params.yaml"),
     root: RootOpt = Path("."),
+    nnodes: Annotated[int, typer.Option(help="hosts of the run: more than 1 runs this one as a node, via torchrun")] = 1,
+    nproc_per_node: Annotated[int, typer.Option(help="islands on this host (with --nnodes)")] = 1,
+    rdzv_endpoint: Annotated[str, typer.Option(help="HOST[:PORT] of the c10d rendezvous (with --nnodes)")] = "",
+    local_addr: Annotated[str, typer.Option(help="this host's address on the hosts' network (with --nnodes)")] = "",
+    ifname: Annotated[str, typer.Option(help="network interface gloo uses (with --nnodes)")] = "",
 ) -> None:
     """Stage train: DiLoCo islands as processes, merges gated by each policy, per regime x policy x seed."""
-    _run("train", params, root, regime, policies=policy, seeds=seed, resume=resume)
+    nodes = None
+    if nnodes > 1 or rdzv_endpoint:
+        from syncsafe.diloco.nodes import NodeLaunch
+
+        nodes = NodeLaunch(nnodes, nproc_per_node, rdzv_endpoint, local_addr or None, ifname or None)
+    _run("train", params, root, regime, policies=policy, seeds=seed, resume=resume, nodes=nodes)
 
 
 @app.command("import-trace")

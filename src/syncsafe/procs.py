@@ -27,6 +27,8 @@ LOOPBACK = "127.0.0.1"
 #: Environment of a process group that must only listen on loopback.
 LOOPBACK_ENV = {"MASTER_ADDR": LOOPBACK, "GLOO_SOCKET_IFNAME": "lo"}
 _PR_SET_PDEATHSIG = 1
+#: Environment variable naming the host a process runs on (a fleet host sets it; else the machine's name).
+HOST_ENV = "SYNCSAFE_HOST"
 
 
 def _load_prctl() -> Any:
@@ -37,6 +39,19 @@ def _load_prctl() -> Any:
 
 
 _PRCTL = _load_prctl()
+
+
+def host_label() -> str:
+    """The name of the host this process runs on: `SYNCSAFE_HOST` where set (test hosts on one machine
+    share its name), else the machine's name."""
+    return os.environ.get(HOST_ENV, "").strip() or socket.gethostname()
+
+
+def local_address_towards(peer: str) -> str:
+    """This host's address on the route to `peer` (no packet is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((peer, 9))
+        return s.getsockname()[0]
 
 
 def free_port() -> int:

@@ -165,6 +165,9 @@ class TrainConfig(Strict):
     merge_eval_batches: Annotated[int, Field(ge=0)] = 2
     #: Every collective fails after this long instead of hanging on a lost island.
     collective_timeout_s: PositiveFloat = 60.0
+    #: An island whose heartbeat (over the rendezvous store) stops for this long is lost: its peers exit
+    #: naming it and its host, on one machine or across hosts, without waiting out a collective.
+    heartbeat_timeout_s: PositiveFloat = 10.0
     #: A lost island either fails the stage, naming it, or the run resumes from
     #: the last merge checkpoint on the surviving islands.
     on_island_failure: Literal["fail", "continue"] = "fail"
@@ -184,6 +187,9 @@ class TrainConfig(Strict):
             raise ValueError(
                 f"model.hidden_size ({self.model.hidden_size}) must be a multiple of model.num_heads ({self.model.num_heads})"
             )
+        if self.heartbeat_timeout_s >= self.collective_timeout_s:
+            raise ValueError(f"heartbeat_timeout_s ({self.heartbeat_timeout_s:g}) must be below collective_timeout_s "
+                             f"({self.collective_timeout_s:g}): a lost island is named before a collective gives up")
         return self
 
 

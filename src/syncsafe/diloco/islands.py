@@ -20,7 +20,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -36,17 +36,27 @@ CMD_TRAIN, CMD_MERGE, CMD_STOP = 1, 2, 3
 
 @dataclass(frozen=True)
 class Fault:
-    """A fault drill: island `island` kills itself (SIGKILL) before inner step `step`; with
-    `SYNCSAFE_FAULT_MARK` set, it first writes the wall time of its death there (a test's readiness file)."""
+    """A fault drill, from `SYNCSAFE_FAULT=ISLAND:STEP[:ACTION]`: before inner step `step`, island
+    `island` (`any`: every island that has the variable, e.g. those of one host) either kills itself
+    (SIGKILL, the default `kill`) or `hold`s: its training stops there while its process (and heartbeat)
+    lives on, so a test can kill it or cut its link at a known point. With `SYNCSAFE_FAULT_MARK` set, it
+    first writes the wall time there (a test's readiness file)."""
 
-    island: int
+    island: int | None
     step: int
+    action: Literal["kill", "hold"] = "kill"
+
+    def fires_on(self, island: int, step: int) -> bool:
+        return step == self.step and self.island in (None, island)
 
     def fire(self) -> None:
         mark = os.environ.get("SYNCSAFE_FAULT_MARK")
         if mark:
             with open(mark, "w") as fh:
                 fh.write(f"{time.time()!r}\n")
+        if self.action == "hold":
+            while True:
+                time.sleep(1.0)
         os.kill(os.getpid(), signal.SIGKILL)
 
     @classmethod
@@ -54,8 +64,10 @@ class Fault:
         raw = os.environ.get("SYNCSAFE_FAULT", "")
         if not raw:
             return None
-        island, step = raw.split(":")
-        return cls(int(island), int(step))
+        island, step, *action = raw.split(":")
+        if action and action[0] not in ("kill", "hold"):
+            raise ValueError(f"SYNCSAFE_FAULT={raw!r}: expected ISLAND:STEP[:kill|hold]")
+        return cls(None if island == "any" else int(island), int(step), *action)  # type: ignore[arg-type]
 
 
 @dataclass
@@ -79,7 +91,7 @@ class Island:
         self.model.train()
         first = last = float("nan")
         for i in range(n):
-            if self.fault is not None and self.fault.island == self.island_id and self.fault.step == self.step:
+            if self.fault is not None and self.fault.fires_on(self.island_id, self.step):
                 self.fault.fire()
             device = next(self.model.parameters()).device
             loss = causal_lm_loss(self.model, self.batches(self.step).to(device))

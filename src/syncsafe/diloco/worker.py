@@ -26,10 +26,11 @@ import torch.distributed as dist
 
 from syncsafe.config import Params, load_params
 from syncsafe.errors import EXIT_BAD_INPUT, BadInput
+from syncsafe.diloco.heartbeat import Heartbeat, Identity
 from syncsafe.diloco.islands import Fault
 from syncsafe.diloco.resources import builtin_resources, hub_resources
 from syncsafe.diloco.run import World, is_complete, train_dir, train_run
-from syncsafe.procs import LOOPBACK, inherited_listener, loopback_store
+from syncsafe.procs import LOOPBACK, host_label, inherited_listener, local_address_towards, loopback_store
 
 
 #: The line an island writes before exiting 2 on bad input; the launcher repeats what follows it.
@@ -50,6 +51,18 @@ def _world(params: Params, island_ids: list[int] | None) -> World:
     return World(rank=rank, world_size=size, island_ids=ids, num_islands=params.train.islands, device=device)
 
 
+def start_heartbeat(params: Params, world: World) -> Heartbeat:
+    """This island's heartbeat over a client connection of its own to the process group's store."""
+    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+
+    def connect(timeout: timedelta) -> dist.TCPStore:
+        return dist.TCPStore(addr, port, is_master=False, timeout=timeout)
+
+    me = Identity(world.island_id, host_label(), local_address_towards(addr))
+    return Heartbeat(connect, me, list(world.island_ids), params.train.heartbeat_timeout_s,
+                     store_address=f"{addr}:{port}").start()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m syncsafe.diloco.worker", description=__doc__.splitlines()[0])
     ap.add_argument("--params", type=Path, default=Path("params.yaml"))
@@ -65,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(params.train.torch_threads)
     backend = "nccl" if world.device.type == "cuda" else "gloo"
     timeout = timedelta(seconds=params.train.collective_timeout_s)
+    heartbeat: Heartbeat | None = None
     if os.environ.get("MASTER_ADDR") == LOOPBACK:  # one machine: the store listens on loopback only
         store = loopback_store(world.rank, world.world_size, int(os.environ["MASTER_PORT"]), timeout,
                                inherited_listener())
@@ -73,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         dist.init_process_group(backend, init_method="env://", rank=world.rank, world_size=world.world_size,
                                 timeout=timeout)
     try:
+        heartbeat = start_heartbeat(params, world)
+        print(f"{heartbeat.me.describe()}: rank {world.rank} of {world.world_size}", flush=True)
         res = hub_resources(params, world) if params.train.source == "hub" else builtin_resources(params, args.root, world)
         fault = Fault.from_env()
         for policy in args.policy or params.control.policies:
@@ -86,10 +102,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{BAD_INPUT_MARK} {err}", file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
     except Exception as err:  # one clear line naming the island, then the traceback for the log
+        if heartbeat is not None:  # a collective that failed because a peer is gone: the heartbeat names it
+            heartbeat.wait_for_verdict()
         print(f"island {world.island_id} (rank {world.rank}) failed: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
         traceback.print_exc()
         return 1
+    else:
+        if heartbeat is not None:
+            heartbeat.stop(done=True)
+        heartbeat = None
     finally:
+        if heartbeat is not None:
+            heartbeat.stop(done=False)
         if dist.is_initialized():
             dist.destroy_process_group()
     return 0
