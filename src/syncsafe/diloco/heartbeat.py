@@ -82,7 +82,8 @@ class Heartbeat:
         """Stop beating; with `done`, first say so (peers stop watching this island). An island that
         fails stops without `done`: its peers name it lost once its beats stop."""
         self._stop.set()
-        self._threads[1].join()
+        for thread in self._threads:  # a beat stuck on an unreachable store gives up within its connect timeout
+            thread.join(timeout=self.timeout_s)
         if not done:
             return
         try:

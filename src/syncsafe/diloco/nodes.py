@@ -32,7 +32,7 @@ import psutil
 
 from syncsafe.config import Params
 from syncsafe.diloco.heartbeat import ISLAND_LOST_MARK
-from syncsafe.diloco.launch import GRACE_S, IslandLost, terminated_as_exit
+from syncsafe.diloco.launch import GRACE_S, IslandLost, preflight, terminated_as_exit
 from syncsafe.diloco.run import TRAIN_LOG_DIR, train_dir
 from syncsafe.diloco.worker import BAD_INPUT_MARK
 from syncsafe.errors import BadInput
@@ -60,8 +60,8 @@ class NodeLaunch:
     def __post_init__(self) -> None:
         if self.nnodes < 1 or self.nproc_per_node < 1:
             raise BadInput(f"--nnodes {self.nnodes} / --nproc-per-node {self.nproc_per_node}: expected >= 1")
-        host, _, port = self.rdzv_endpoint.rpartition(":")
-        if not self.rdzv_endpoint or (port and not port.isdigit()) or (":" in self.rdzv_endpoint and not host):
+        host, colon, port = self.rdzv_endpoint.rpartition(":")
+        if not self.rdzv_endpoint or (colon and (not host or not port.isdigit())):
             raise BadInput(f"--rdzv-endpoint {self.rdzv_endpoint!r}: expected HOST or HOST:PORT")
 
     @property
@@ -169,6 +169,7 @@ def train_node(params: Params, params_path: Path, regime: str, root: Path, launc
                resume: bool = False) -> list[Path]:
     """This node's islands of every (policy, seed) run of `regime`, to the end or to a clear failure."""
     launch.check_islands(params)
+    preflight(params, root)  # the same checks, and the same tokenizer cache, as on one machine
     host = host_label()
     log_dir = Path(root) / TRAIN_LOG_DIR / regime / f"node-{host}"
     attempt = len(list(log_dir.glob("attempt-*"))) if log_dir.is_dir() else 0

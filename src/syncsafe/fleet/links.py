@@ -101,4 +101,9 @@ def cut(fleet: Fleet, host: str) -> None:
 
 
 def restore(fleet: Fleet, host: str) -> None:
+    """Bring `host`'s link back; the hosts forget the failed address lookups of the cut (else the first
+    connection after it meets "no route to host")."""
     _ip(["ip", "-n", fleet.switch, "link", "set", fleet.port(host), "up"])
+    for other in fleet.hosts:
+        target = [] if other == host else ["to", fleet.address(host)]
+        _ip(["ip", "-n", fleet.namespace(other), "neigh", "flush", "dev", HOST_IFNAME, *target])

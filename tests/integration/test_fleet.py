@@ -1,0 +1,96 @@
+"""The fleet of test hosts for real: namespaces, veth pairs, a bridge; nothing left behind, nothing routed out."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from fleet_support import fleet_up, require_namespaces
+
+from syncsafe.fleet import links, netns
+from syncsafe.fleet.hosts import Fleet
+
+pytestmark = pytest.mark.slow
+FLEET = Fleet.of(3, name="sstf")
+
+
+def _veths() -> set[str]:
+    """veth interfaces in the machine's own namespace."""
+    out = subprocess.run(["ip", "-o", "link", "show", "type", "veth"], capture_output=True, text=True).stdout
+    return {line.split(":")[1].strip().split("@")[0] for line in out.splitlines()}
+
+
+def _connect(fleet: Fleet, host: str, address: str, port: int) -> str:
+    """What a TCP connection from `host` to `address:port` meets: connected, refused, or the error."""
+    code = (f"import socket\ntry:\n socket.create_connection(({address!r}, {port}), timeout=2); print('connected')\n"
+            f"except OSError as e:\n print(type(e).__name__, e.errno)")
+    return netns.run_on(fleet, host, [sys.executable, "-c", code], capture_output=True, text=True).stdout.strip()
+
+
+def test_hosts_reach_each_other_and_nothing_else():
+    before = _veths()
+    with fleet_up(FLEET) as fleet:
+        assert netns.is_up(fleet)
+        assert _veths() == before  # every link lives inside the fleet's namespaces
+        assert netns.addresses(fleet, "b") == ["127.0.0.1", "10.77.0.2"]
+        # a's own loopback is its own: nothing listens there, refused (not b's or the machine's)
+        assert _connect(fleet, "a", "10.77.0.3", 9) == "ConnectionRefusedError 111"  # c answers, nothing listens
+        assert _connect(fleet, "a", "127.0.0.1", 22).startswith("ConnectionRefusedError")
+        # the machine's own address and anything outside are unreachable: no route out
+        machine = subprocess.run(["hostname", "-I"], capture_output=True, text=True).stdout.split()
+        for address in [*machine[:1], "192.0.2.1", "8.8.8.8"]:
+            assert _connect(fleet, "b", address, 80) == "OSError 101", address  # ENETUNREACH
+        routes = subprocess.run(["ip", "-n", fleet.namespace("a"), "route"], capture_output=True, text=True).stdout
+        assert routes.strip() == "10.77.0.0/24 dev eth0 proto kernel scope link src 10.77.0.1"
+    assert netns.existing(FLEET) == []
+    assert _veths() == before
+
+
+def test_a_cut_link_is_unreachable_until_restored():
+    with fleet_up(Fleet(name="sstf")) as fleet:
+        links.cut(fleet, "b")
+        assert _connect(fleet, "a", "10.77.0.2", 9).startswith(("TimeoutError", "OSError 113"))
+        links.restore(fleet, "b")
+        assert _connect(fleet, "a", "10.77.0.2", 9) == "ConnectionRefusedError 111"
+
+
+def test_a_failed_up_removes_what_it_made_and_nothing_else():
+    require_namespaces()
+    fleet = Fleet.of(3, name="sstg")
+    netns.down(fleet)
+    subprocess.run(["ip", "netns", "add", fleet.namespace("c")], check=True)  # in the way of the third host
+    try:
+        with pytest.raises(netns.FleetError, match=r"ip netns add sstg-c.*failed"):
+            netns.up(fleet)
+        assert netns.existing(fleet) == ["sstg-c"]  # sw, a and b are gone again; the one in the way stays
+    finally:
+        subprocess.run(["ip", "netns", "del", fleet.namespace("c")])
+    assert netns.existing(fleet) == []
+
+
+def test_down_stops_what_runs_on_the_hosts(tmp_path):
+    fleet = Fleet(name="ssth")
+    with fleet_up(fleet):
+        sleeper = subprocess.Popen(fleet.exec_argv("b", ["sleep", "300"]))
+        ran = netns.pids(fleet.namespace("b"))
+        assert ran
+        netns.down(fleet)
+        assert sleeper.wait(timeout=15) != 0
+        assert netns.existing(fleet) == []
+
+
+def test_the_script_brings_a_fleet_up_and_down():
+    script = [str(__import__("pathlib").Path(__file__).resolve().parents[2] / "scripts" / "fleet.sh")]
+    require_namespaces()
+    up = subprocess.run([*script[:1], "up", "--name", "ssti"], capture_output=True, text=True)
+    try:
+        assert up.returncode == 0, up.stderr
+        assert "b\tssti-b\teth0 10.77.0.2/24\tup" in up.stdout
+        again = subprocess.run([*script[:1], "up", "--name", "ssti"], capture_output=True, text=True)
+        assert again.returncode == 1 and "already up" in again.stderr
+        bad = subprocess.run([*script[:1], "up", "--name", "SS"], capture_output=True, text=True)
+        assert bad.returncode == 2 and "fleet name 'SS'" in bad.stderr
+    finally:
+        down = subprocess.run([*script[:1], "down", "--name", "ssti"], capture_output=True, text=True)
+    assert down.returncode == 0 and netns.existing(Fleet(name="ssti")) == []
