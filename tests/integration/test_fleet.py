@@ -94,3 +94,24 @@ def test_the_script_brings_a_fleet_up_and_down():
     finally:
         down = subprocess.run([*script[:1], "down", "--name", "ssti"], capture_output=True, text=True)
     assert down.returncode == 0 and netns.existing(Fleet(name="ssti")) == []
+
+
+def test_merges_between_hosts_take_the_time_the_link_rate_gives_them():
+    """Real merges (outer step over gloo) across a shaped link: never faster than the cost model's time on
+    the wire (less the token bucket's one burst), far slower than on the free link."""
+    from syncsafe.control.merge_link import model_comm_s
+    from syncsafe.fleet.merge_probe import measure
+
+    with fleet_up(Fleet(name="sstp")) as fleet:
+        free, payload = measure(fleet, links.Shape(), floats=590_464, merges=3, port=29611)
+        slow, _ = measure(fleet, links.Shape(rate_mbit=20), floats=590_464, merges=3, port=29612)
+        wire = model_comm_s(payload, 2, 20)
+        assert payload == 4 * (590_464 + 1)  # the payload and its weight
+        assert min(slow.merge_s) >= wire - 8 * links.MIN_BURST_BYTES / 20e6, (slow.merge_s, wire)
+        assert slow.median_s > 5 * free.median_s
+        if links.has_netem():
+            delayed, _ = measure(fleet, links.Shape(delay_ms=20), floats=590_464, merges=3, port=29613)
+            assert min(delayed.merge_s) >= 2 * 0.020  # one delay per ring step, two steps
+        else:
+            with pytest.raises(netns.FleetError, match="needs the netem qdisc"):
+                links.shape(fleet, "b", links.Shape(delay_ms=20))

@@ -58,6 +58,9 @@ class CalibratedConfig(Strict):
     w_cost: Annotated[float, Field(ge=0)] = 1.5
     #: Calibration JSON written by the calibrate stage; null = shipped defaults.
     calibration: str | None = None
+    #: Merge link model JSON (`benchmarks/bench_merge_link.py --out`, fitted on test hosts): merges are priced by
+    #: how long they take at the regime's network pressure; null = every merge equally long.
+    merge_link: str | None = None
 
 
 class LookaheadConfig(Strict):

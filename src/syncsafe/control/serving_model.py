@@ -41,7 +41,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from syncsafe.artifacts import layout
 from syncsafe.artifacts.base import ArtifactMalformed, ArtifactMissing
+from syncsafe.artifacts.base import read_model
 from syncsafe.artifacts.calibration import read_calibration
+from syncsafe.control.merge_link import MergeLink
 from syncsafe.control.types import FleetSignals
 
 #: A number or an array of numbers (the multipliers work elementwise).
@@ -93,6 +95,9 @@ class Calibration(BaseModel):
     jitter_step_s: Annotated[float, Field(gt=0)] = 1.0
     #: True once the calibrate-fit stage has fitted the values to real data.
     fitted: bool = False
+    #: How long a merge keeps the fleet busy on its link (fitted on test hosts, `control.calibrated.merge_link`);
+    #: None: every merge is priced as equally long.
+    merge_link: MergeLink | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -123,11 +128,14 @@ class Calibration(BaseModel):
         """Expected serving cost of a merge started now, in [0, ~1].
 
         The share of serving capacity in use (requests a merge would slow)
-        times the extra latency a merge adds at the current pressure.
+        times the extra latency a merge adds at the current pressure, times
+        how much longer than on a free link the merge takes at the current
+        network pressure (with a fitted `merge_link`).
         """
         load = min(signals.arrival_rate / self.capacity_rps, 1.0)
         slowdown = (self.merge_slowdown - 1.0) * self.pressure_multiplier(signals.inference_pressure)
-        return load * slowdown
+        longer = 1.0 if self.merge_link is None else self.merge_link.duration_factor(signals.network_pressure)
+        return load * slowdown * longer
 
     # ----------------------------------------------------------------- cost model
 
@@ -193,6 +201,18 @@ def simulator_calibration(path: str | Path | None, root: str | Path = ".") -> Ca
         return load_calibration(layout.at(root, path))
     fitted = layout.at(root, FITTED_CALIBRATION)
     return load_calibration(fitted if fitted.is_file() else None)
+
+
+def policy_calibration(calibration: str | Path | None, merge_link: str | Path | None) -> Calibration:
+    """What the calibrated policies price merges with: `control.calibrated.calibration` (or the shipped
+    defaults) with `control.calibrated.merge_link`'s fitted link model, when one is named."""
+    base = load_calibration(calibration)
+    if merge_link is None:
+        return base
+    link = read_model(Path(merge_link), MergeLink, "merge link model (control.calibrated.merge_link)",
+                      hint="write it with benchmarks/bench_merge_link.py --out, or set it to null",
+                      error=CalibrationError, missing=CalibrationMissing)
+    return base.model_copy(update={"merge_link": link})
 
 
 def load_calibration(path: str | Path | None) -> Calibration:

@@ -60,7 +60,7 @@ from syncsafe.diloco.islands import DistributedLearners, Fault, Island, follow
 from syncsafe.diloco.outer import MergeStats, OuterOptimizer, assign_parameters
 from syncsafe.schedules.schedule import Schedule, write_schedule
 from syncsafe.schedules.stage import control_plan
-from syncsafe.control.serving_model import load_calibration
+from syncsafe.control.serving_model import policy_calibration
 from syncsafe.traces.stage import load_timeline
 
 TRAIN_DIR = layout.TRAIN
@@ -183,7 +183,8 @@ def train_run(params: Params, regime: str, policy_name: str, seed: int, root: Pa
 
 def _policy(params: Params, name: str, seed: int, grid_s: float) -> Policy:
     """The run's policy as params build it (a resumed run then restores its state from the checkpoint)."""
-    calibration = load_calibration(params.control.calibrated.calibration)
+    calibration = policy_calibration(params.control.calibrated.calibration,
+                                     params.control.calibrated.merge_link)
     return build_policy(name, params.control, params.merge, seed, calibration, grid_s)
 
 

@@ -29,7 +29,7 @@ from syncsafe.control.signals import TimelineSignals
 from syncsafe.schedules.action_space import ActionSpace
 from syncsafe.schedules.derive import even_cadence, matched_random, matched_random_free, no_sync, offline_bound
 from syncsafe.schedules.schedule import LoadIntegral, Schedule, write_schedule
-from syncsafe.control.serving_model import load_calibration
+from syncsafe.control.serving_model import policy_calibration
 from syncsafe.traces.stage import load_timeline
 
 #: Per-regime schedule sets (one DVC output each) and the joined index (contract path).
@@ -56,7 +56,8 @@ def run_harness(params: Params, regime: str, policy: str, seed: int, timeline: p
     """Run `policy` on the learner-progress model over one seed's timeline."""
     plan = control_plan(params, regime)
     signals = TimelineSignals(timeline)
-    calibration = load_calibration(params.control.calibrated.calibration)
+    calibration = policy_calibration(params.control.calibrated.calibration,
+                                     params.control.calibrated.merge_link)
     agent = build_policy(policy, params.control, params.merge, seed, calibration, signals.step_s)
     result = run_controller(agent, ProgressModelLearners(params.harness, seed), signals, plan)
     schedule = Schedule(

@@ -64,7 +64,7 @@ from syncsafe.diloco.resources import builtin_resources
 from syncsafe.procs import die_with_parent
 from syncsafe.schedules.action_space import ActionSpace
 from syncsafe.schedules.schedule import Schedule, write_schedule
-from syncsafe.control.serving_model import load_calibration
+from syncsafe.control.serving_model import policy_calibration
 from syncsafe.serving.interference import MergeInterference
 from syncsafe.serving.live_islands import IslandGroup, LiveLearners, cpu_world
 from syncsafe.serving.loadgen import replay_requests
@@ -219,8 +219,8 @@ class LiveSession:
 
 def _controller_policy(params: Params, name: str, seed: int) -> Policy:
     grid_s = params.live.scrape_interval_s * params.live.time_scale
-    return build_policy(name, params.control, params.merge, seed, load_calibration(params.control.calibrated.calibration),
-                        grid_s)
+    calibration = policy_calibration(params.control.calibrated.calibration, params.control.calibrated.merge_link)
+    return build_policy(name, params.control, params.merge, seed, calibration, grid_s)
 
 
 def run_condition(session: LiveSession, regime: str, seed: int, condition: str, policy: str, order: int,
