@@ -1,7 +1,7 @@
 """Benchmark: merge time against link rate and delay on two test hosts, next to the all-reduce cost model.
 
 Brings up a fleet of two network namespaces (root only), and for every link
-setting (rates x delays) runs real merges (`syncsafe.diloco.merge_probe`:
+setting (rates x delays) runs real merges (`python -m syncsafe.fleet.merge_probe`:
 the outer step over a gloo all-reduce between the hosts) on a payload of
 `--floats` parameters (default: the tiny profile's model, 2,361,860 bytes per
 merge). Prints a table: bytes per merge, link rate, delay, measured median

@@ -16,7 +16,6 @@ import itertools
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -28,14 +27,13 @@ from fleet_support import fleet_up
 from syncsafe.config import load_params
 from syncsafe.diloco.launch import train_regime
 from syncsafe.diloco.run import train_dir
-from syncsafe.fleet import links, netns
+from syncsafe.fleet import links, netns, training
 from syncsafe.fleet.hosts import Fleet
 from syncsafe.traces.stage import build_traces
 
 pytestmark = pytest.mark.slow
 COLLECTIVE_TIMEOUT_S = 20
 HEARTBEAT_TIMEOUT_S = 8
-SYNCSAFE = str(Path(sys.executable).with_name("syncsafe"))
 _ports = itertools.count(29411)  # a fresh rendezvous port per launch
 
 
@@ -68,19 +66,10 @@ def reference(tmp_path_factory, tiny_raw) -> Path:
 def start_nodes(fleet: Fleet, root: Path, *args: str, fault_on_b: str | None = None,
                 mark: Path | None = None) -> dict[str, subprocess.Popen]:
     """Both hosts' train stages, started together; host b's islands get the fault drill."""
-    endpoint = f"{fleet.address('a')}:{next(_ports)}"
-    procs = {}
-    for host in fleet.hosts:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SYNCSAFE_FAULT")}
-        env["SYNCSAFE_TRACKING"] = "off"
-        if host == "b" and fault_on_b:
-            env.update({"SYNCSAFE_FAULT": fault_on_b, "SYNCSAFE_FAULT_MARK": str(mark)})
-        cmd = [SYNCSAFE, "train", "--params", str(root / "params.yaml"), "--root", str(root), "--nnodes", "2",
-               "--nproc-per-node", "1", "--rdzv-endpoint", endpoint, "--local-addr", fleet.address(host),
-               "--ifname", "eth0", *args]
-        procs[host] = subprocess.Popen(fleet.exec_argv(host, cmd), env=env, stdout=subprocess.PIPE,
-                                       stderr=subprocess.PIPE, text=True)
-    return procs
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SYNCSAFE_FAULT")}
+    env["SYNCSAFE_TRACKING"] = "off"
+    drill = {"b": {"SYNCSAFE_FAULT": fault_on_b, "SYNCSAFE_FAULT_MARK": str(mark)}} if fault_on_b else {}
+    return training.start_nodes(fleet, root / "params.yaml", root, next(_ports), env, drill, extra=args)
 
 
 def finish(procs: dict[str, subprocess.Popen], timeout: float = 300) -> dict[str, tuple[int, str, float]]:

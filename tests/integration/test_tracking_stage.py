@@ -204,7 +204,7 @@ def test_stage_level_collectors_read_live_calibration_fidelity_and_reports(tmp_p
     write_model(tmp_path / layout.FITTED_CALIBRATION, calibration)
     _write(tmp_path / layout.CALIBRATION_REPORT, "# fit\n")
     fit = collect_stage("calibrate-fit", tmp_path, params, None)
-    assert fit.metrics == {f"calibration.{k}": float(v) for k, v in calibration.model_dump(exclude={"fitted"}).items()}
+    assert fit.metrics == {f"calibration.{k}": float(v) for k, v in calibration.model_dump(exclude={"fitted", "merge_link"}).items()}
     assert fit.metrics["calibration.iter_base_ms"] == 5.0 and fit.metrics["calibration.merge_compute_share"] == 0.2
     assert sorted(Path(p).name for p in fit.artifacts) == ["calibration.json", "report.md"]
 

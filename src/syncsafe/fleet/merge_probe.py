@@ -1,23 +1,31 @@
 """Measure merge time against link rate and delay on two test hosts, and fit the merge link model.
 
 For each link setting, host b's link is shaped (:mod:`syncsafe.fleet.links`)
-and one island process per host runs `python -m syncsafe.diloco.merge_probe`
-(real outer steps over a gloo all-reduce between the hosts); the merge wall
-times come back as a :class:`~syncsafe.control.merge_link.LinkMeasurement`.
+and one island process per host runs this module (`python -m
+syncsafe.fleet.merge_probe`, :func:`main`): it holds a parameter vector the
+size of a model's payload and runs real merges (`OuterOptimizer.merge` over
+`torch_all_reduce_mean`, gloo between the hosts), each after a barrier so its
+wall time is its own, reading its place like torchrun gives it (`RANK`,
+`WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`, `GLOO_SOCKET_IFNAME`). Rank 0's
+merge wall times come back as a
+:class:`~syncsafe.control.merge_link.LinkMeasurement`.
 :func:`syncsafe.control.merge_link.fit_merge_link` then turns the rate sweep
 into the model the calibrated policies read (`control.calibrated.merge_link`).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
 import sys
 import tempfile
+from datetime import timedelta
 from pathlib import Path
 
 from syncsafe.control.merge_link import LinkMeasurement
+from syncsafe.io import write_text
 from syncsafe.fleet import links
 from syncsafe.fleet.hosts import HOST_IFNAME, Fleet
 from syncsafe.fleet.netns import FleetError
@@ -41,7 +49,7 @@ def measure(fleet: Fleet, shape: links.Shape, floats: int, merges: int = 5, port
             out = Path(tmp) / "merges.json"
             procs = []
             for rank, host in enumerate(fleet.hosts):
-                cmd = [sys.executable, "-m", "syncsafe.diloco.merge_probe", "--floats", str(floats),
+                cmd = [sys.executable, "-m", "syncsafe.fleet.merge_probe", "--floats", str(floats),
                        "--merges", str(merges), "--out", str(out)]
                 procs.append(subprocess.Popen(fleet.exec_argv(host, cmd), env=probe_env(fleet, rank, port, dict(os.environ)),
                                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
@@ -63,3 +71,46 @@ def measure(fleet: Fleet, shape: links.Shape, floats: int, merges: int = 5, port
             links.clear(fleet, host)
     return LinkMeasurement(rate_mbit=shape.rate_mbit, delay_ms=shape.delay_ms, merge_s=result["merge_s"]), \
         int(result["payload_bytes"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """One probe island (see the module docstring); rank 0 writes the merge wall times to `--out`.
+    torch is imported here: the fleet side above runs without it."""
+    import torch
+    import torch.distributed as dist
+
+    from syncsafe.diloco.comm import torch_all_reduce_mean
+    from syncsafe.diloco.outer import OuterOptimizer
+
+    ap = argparse.ArgumentParser(prog="python -m syncsafe.fleet.merge_probe",
+                                 description="time real merges between island processes")
+    ap.add_argument("--floats", type=int, required=True, help="parameters in the payload (float32)")
+    ap.add_argument("--merges", type=int, default=5)
+    ap.add_argument("--timeout-s", type=float, default=120.0)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=size,
+                            timeout=timedelta(seconds=args.timeout_s))
+    try:
+        torch.manual_seed(rank)
+        model = torch.nn.Linear(args.floats, 1, bias=False)  # `floats` parameters
+        outer = OuterOptimizer(model, num_islands=size)
+        walls, payload = [], 0
+        for _ in range(args.merges):
+            with torch.no_grad():
+                model.weight.add_(0.01 * torch.randn_like(model.weight))  # a pseudo-gradient to average
+            dist.barrier()
+            stats = outer.merge(model, torch_all_reduce_mean())
+            walls.append(stats.wall_time_s)
+            payload = stats.payload_bytes
+        if rank == 0:
+            write_text(args.out, json.dumps({"merge_s": walls, "payload_bytes": payload, "islands": size}) + "\n")
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
