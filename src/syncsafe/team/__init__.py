@@ -1,7 +1,10 @@
-"""The team setup on one machine: real PostgreSQL, Redis, an MLflow server and Airflow with Celery.
+"""The team setup on one machine or across fleet hosts: real PostgreSQL, Redis, an MLflow server and
+Airflow with Celery.
 
 ``scripts/team.sh up|down|status|trigger`` (``python -m syncsafe.team``) starts,
-on 127.0.0.1 only and from Debian's packages and the project's environments:
+on 127.0.0.1 only (or, with ``up --fleet NAME``, spread over a fleet's hosts,
+each service bound to its host's address: :mod:`syncsafe.team.placement`) and
+from Debian's packages and the project's environments:
 
 - PostgreSQL: a private cluster under the state folder (``initdb``/``pg_ctl``,
   run as the ``postgres`` system user when started as root), with the

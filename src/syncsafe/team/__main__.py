@@ -1,4 +1,5 @@
-"""``python -m syncsafe.team up|down|status|trigger`` (``scripts/team.sh``): the team setup on one machine.
+"""``python -m syncsafe.team up|down|status|trigger`` (``scripts/team.sh``): the team setup on one machine,
+or spread over the hosts of a fleet (``up --fleet NAME --hosts N``, see :mod:`syncsafe.team.placement`).
 
 Exit codes: 0 done; 1 a part failed to start or stop (one line, then the
 failing part's log tail), or ``down`` left a process or port behind; 2 bad
@@ -17,6 +18,7 @@ import typer
 from syncsafe.errors import EXIT_BAD_INPUT, EXIT_FAILED
 from syncsafe.team import stack
 from syncsafe.team.daemons import TeamError
+from syncsafe.team.placement import Placement, fleet_placement
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 DirOpt = Annotated[Optional[Path], typer.Option("--dir", help="state folder (default $SYNCSAFE_TEAM_DIR, else .team/)")]
@@ -33,12 +35,19 @@ def up(
     scheduled: Annotated[bool, typer.Option(help="let the scheduler start cron runs (syncsafe_nightly @daily)")] = False,
     free_ports: Annotated[bool, typer.Option(help="any free ports, not 8080/5000/5432/6379")] = False,
     env: Annotated[list[str], typer.Option("--env", help="KEY=VALUE for every Airflow process (repeatable)")] = [],
+    fleet: Annotated[Optional[str], typer.Option(
+        "--fleet", help="spread over this fleet's hosts (scripts/fleet.sh up --name NAME first): services on a, "
+                        "the gpu worker on b, the cpu worker on c (else on a)")] = None,
+    hosts: Annotated[int, typer.Option("--hosts", help="the fleet's number of hosts (with --fleet)")] = 2,
+    subnet: Annotated[Optional[str], typer.Option("--subnet", help="the fleet's subnet (with --fleet)")] = None,
 ) -> None:
-    """Start PostgreSQL, Redis, the MLflow server and Airflow (CeleryExecutor, two workers) on 127.0.0.1."""
+    """Start PostgreSQL, Redis, the MLflow server and Airflow (CeleryExecutor, two workers) on 127.0.0.1,
+    or with --fleet across the fleet's hosts, each bound to its host's address."""
     extra = dict(item.split("=", 1) for item in env if "=" in item)
     layout = stack.Layout.at(dir)
     try:
-        state = stack.up(layout, scheduled=scheduled, preferred_ports=not free_ports, extra_env=extra)
+        where = fleet_placement(fleet, hosts, subnet) if fleet else Placement.single()
+        state = stack.up(layout, scheduled=scheduled, preferred_ports=not free_ports, extra_env=extra, where=where)
     except TeamError as err:
         _fail(err)
     _print_status(layout)
@@ -47,8 +56,11 @@ def up(
 
 @app.command()
 def down(dir: DirOpt = None) -> None:
-    """Stop everything `up` started; fails if a process or port is left."""
-    left = stack.down(stack.Layout.at(dir))
+    """Stop everything `up` started, on every host; fails if a process or port is left."""
+    try:
+        left = stack.down(stack.Layout.at(dir))
+    except TeamError as err:
+        _fail(err)
     if left:
         _fail(TeamError("left behind: " + "; ".join(left)))
     typer.echo("team setup stopped: no process or port left")
@@ -75,8 +87,11 @@ def status(
 def _print_status(layout: stack.Layout) -> bool:
     info = stack.status(layout)
     typer.echo(f"team setup in {info['root']}: {'up' if info['up'] else 'not up'}")
+    if "placement" in info:
+        typer.echo(f"  placement: {info['placement']}")
     for name, part in info["parts"].items():
-        typer.echo(f"  {name:24s} {'running' if part['running'] else 'stopped':8s} {part['log']}")
+        host = f"host {part['host']}" if part.get("host") else ""
+        typer.echo(f"  {name:24s} {'running' if part['running'] else 'stopped':8s} {host:8s} {part['log']}")
     for name, url in info.get("urls", {}).items():
         typer.echo(f"  {name:24s} {url}")
     return bool(info["up"])

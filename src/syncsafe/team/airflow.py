@@ -9,8 +9,15 @@ secret, the simple auth manager with user ``admin`` (password in
 unless asked for: on one machine the nightly DAG runs when triggered.
 
 The workers add ``hostname_callable`` (:mod:`syncsafe.team.hostname`), so each
-task instance records which worker ran it, and skip serving logs (one
-machine: the api-server reads them from ``$AIRFLOW_HOME/logs``).
+task instance records which worker (and fleet host) ran it, and skip serving
+logs: Airflow's worker log server binds every interface (``[::]`` or
+``0.0.0.0``, no setting narrows it) and would be asked for
+``http://<task hostname>:8793``; the api-server reads the task logs from
+``$AIRFLOW_HOME/logs`` instead, one folder on one machine (on several real
+hosts, shared storage or remote logging). So a worker listens on nothing.
+
+The api-server binds ``api_host`` (127.0.0.1, or on a fleet the services
+host's address) and every process reaches its execution API there.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +53,10 @@ def airflow_env(
     secrets: Mapping[str, str],
     scheduled: bool,
     extra: Mapping[str, str] = {},
+    api_host: str = LOOPBACK,
 ) -> dict[str, str]:
     """The environment of every Airflow process (and of the tasks they run)."""
-    api = f"http://{LOOPBACK}:{api_port}"
+    api = f"http://{api_host}:{api_port}"
     return {
         "AIRFLOW_HOME": str(home),
         "AIRFLOW__CORE__DAGS_FOLDER": str(repo / "dags"),
@@ -62,7 +70,7 @@ def airflow_env(
         "AIRFLOW__CELERY__BROKER_URL": broker_url,
         "AIRFLOW__CELERY__RESULT_BACKEND": "db+" + metadata_url,  # the driver named: SQLAlchemy 2.1 defaults to psycopg 3
         "AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__VISIBILITY_TIMEOUT": "86400",
-        "AIRFLOW__API__HOST": LOOPBACK,
+        "AIRFLOW__API__HOST": api_host,
         "AIRFLOW__API__PORT": str(api_port),
         "AIRFLOW__API__BASE_URL": api,
         "AIRFLOW__API__WORKERS": "1",
@@ -93,8 +101,10 @@ def worker_env(base: Mapping[str, str], worker: str, src: Path) -> dict[str, str
     }
 
 
-def commands(airflow: Path) -> dict[str, list[str]]:
-    """The long-running Airflow processes, by name."""
+def commands(airflow: Path, labels: Mapping[str, str] | None = None) -> dict[str, list[str]]:
+    """The long-running Airflow processes, by name; ``labels``: each worker's Celery node name
+    (default ``<worker>@%h``, %h the machine's name)."""
+    labels = labels or {}
     out = {
         "airflow-api-server": [str(airflow), "api-server"],
         "airflow-scheduler": [str(airflow), "scheduler"],
@@ -102,7 +112,7 @@ def commands(airflow: Path) -> dict[str, list[str]]:
     }
     for name, (queues, concurrency) in WORKERS.items():
         out[f"airflow-worker-{name}"] = [str(airflow), "celery", "worker", "--queues", queues, "--concurrency",
-                                         str(concurrency), "--celery-hostname", f"{name}@%h", "--skip-serve-logs",
+                                         str(concurrency), "--celery-hostname", labels.get(name, f"{name}@%h"), "--skip-serve-logs",
                                          "--without-gossip", "--without-mingle"]
     return out
 
@@ -110,10 +120,14 @@ def commands(airflow: Path) -> dict[str, list[str]]:
 class AirflowClient:
     """The public REST API (``/api/v2``) of the api-server, as user ``admin``."""
 
-    def __init__(self, base_url: str, password: str, timeout_s: float = 30.0) -> None:
+    def __init__(self, base_url: str, password: str, timeout_s: float = 30.0,
+                 call: Callable[..., Any] | None = None) -> None:
+        """``call(fn, *args)`` runs each HTTP exchange where the api-server is reachable (on a fleet:
+        inside the services host's namespace, :meth:`syncsafe.team.placement.Placement.call`)."""
         self.base = base_url.rstrip("/")
         self.password = password
         self.timeout_s = timeout_s
+        self._call = call or (lambda fn, *args: fn(*args))
         self._token = ""
 
     def _request(self, method: str, path: str, body: Any = None, auth: bool = True) -> Any:
@@ -126,8 +140,7 @@ class AirflowClient:
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.base + path, data=data, method=method, headers=headers)
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:  # noqa: S310 - loopback
-                text = resp.read().decode()
+            text = self._call(_fetch, req, self.timeout_s)
         except urllib.error.HTTPError as err:
             raise TeamError(f"Airflow {method} {path}: HTTP {err.code}: {err.read().decode()[:500]}") from None
         return json.loads(text) if text else None
@@ -183,6 +196,11 @@ class AirflowClient:
             out += page["task_instances"]
             if not page["task_instances"] or len(out) >= page["total_entries"]:
                 return out
+
+
+def _fetch(req: urllib.request.Request, timeout_s: float) -> str:
+    with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310 - the setup's own URL
+        return resp.read().decode()
 
 
 def _q(text: str) -> str:

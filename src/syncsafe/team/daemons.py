@@ -107,23 +107,27 @@ def _name(proc: psutil.Process) -> str:
         return "?"
 
 
-def listening(port: int) -> bool:
-    """True when something accepts TCP connections on 127.0.0.1:``port``."""
+def listening(port: int, address: str = LOOPBACK) -> bool:
+    """True when something accepts TCP connections on ``address``:``port`` (default 127.0.0.1)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.settimeout(0.5)
-        return s.connect_ex((LOOPBACK, int(port))) == 0
+        return s.connect_ex((address, int(port))) == 0
 
 
-def pick_port(preferred: int | None) -> int:
-    """``preferred`` when nothing listens there, else a free loopback port."""
-    if preferred and not listening(preferred):
+def pick_port(preferred: int | None, address: str = LOOPBACK) -> int:
+    """``preferred`` when nothing listens there, else a port free on ``address`` (default 127.0.0.1)."""
+    if preferred and not listening(preferred, address):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
-                s.bind((LOOPBACK, preferred))
+                s.bind((address, preferred))
                 return preferred
             except OSError:
                 pass
-    return free_port()
+    if address == LOOPBACK:
+        return free_port()
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((address, 0))
+        return s.getsockname()[1]
 
 
 def http_ok(url: str, timeout_s: float = 3.0) -> bool:

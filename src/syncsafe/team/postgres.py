@@ -1,7 +1,9 @@
-"""A private PostgreSQL cluster from Debian's ``postgresql`` package, on 127.0.0.1 only.
+"""A private PostgreSQL cluster from Debian's ``postgresql`` package, on one address only.
 
 ``initdb`` makes the cluster in ``<state>/pg/data``; ``pg_ctl`` starts the
-server with ``listen_addresses=127.0.0.1``, the chosen port and its Unix
+server with ``listen_addresses=127.0.0.1`` (on a fleet: the services host's
+address, started inside that host's namespace, with an ``hba_file`` that lets
+in only the fleet hosts' addresses), the chosen port and its Unix
 socket in ``<state>/pg/run`` (mode 0700). PostgreSQL refuses to run as root:
 started as root, every cluster command runs as the ``postgres`` system user
 (Debian's package makes it; ``syncsafe-pg`` is created when it is missing),
@@ -16,6 +18,7 @@ import os
 import pwd
 import shutil
 import subprocess
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,8 +49,14 @@ class Cluster:
     def log(self) -> Path:
         return self.base / "postgres.log"
 
-    def url(self, role: str, password: str, port: int, db: str, driver: str = "postgresql+psycopg2") -> str:
-        return f"{driver}://{role}:{password}@{LOOPBACK}:{port}/{db}"
+    @property
+    def fleet_hba(self) -> Path:
+        """The client authentication file of a cluster serving fleet hosts (written on each start)."""
+        return self.base / "pg_hba.fleet.conf"
+
+    def url(self, role: str, password: str, port: int, db: str, driver: str = "postgresql+psycopg2",
+            host: str = LOOPBACK) -> str:
+        return f"{driver}://{role}:{password}@{host}:{port}/{db}"
 
 
 def bindir() -> Path:
@@ -84,10 +93,17 @@ def cluster(base: Path) -> Cluster:
     return Cluster(base, entry.pw_uid, entry.pw_gid)
 
 
-def run(c: Cluster, cmd: list[str], check: bool = True, timeout: float = 180) -> subprocess.CompletedProcess:
-    """A cluster command as the cluster's user."""
+def run(c: Cluster, cmd: list[str], check: bool = True, timeout: float = 180,
+        wrap: Callable[[list[str]], list[str]] | None = None) -> subprocess.CompletedProcess:
+    """A cluster command as the cluster's user; ``wrap`` (as root) runs it on a fleet host: ``wrap`` gets the
+    command already switching to that user (``setpriv``), since entering a namespace needs root."""
     as_user = {} if c.uid == os.getuid() else {"user": c.uid, "group": c.gid, "extra_groups": []}
-    env = {"PATH": f"{bindir()}:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": str(c.base)}
+    env = {"PATH": f"{bindir()}:/usr/bin:/bin:/usr/sbin:/sbin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
+           "HOME": str(c.base)}
+    if wrap is not None:
+        if as_user:
+            cmd = ["setpriv", f"--reuid={c.uid}", f"--regid={c.gid}", "--clear-groups", "--", *cmd]
+        cmd, as_user = wrap(cmd), {}
     done = subprocess.run(cmd, cwd=c.base, env=env, capture_output=True, text=True, timeout=timeout, **as_user)
     if check and done.returncode != 0:
         raise TeamError(f"{Path(cmd[0]).name} failed (exit {done.returncode}): "
@@ -112,12 +128,32 @@ def init(c: Cluster) -> bool:
     return True
 
 
-def start(c: Cluster, port: int) -> int:
-    """Start the server on 127.0.0.1:``port``; returns the postmaster's pid."""
-    options = (f"-c listen_addresses={LOOPBACK} -c port={port} -c unix_socket_directories={c.socket_dir} "
+def start(c: Cluster, port: int, listen: str = LOOPBACK, clients: Sequence[str] = (),
+          wrap: Callable[[list[str]], list[str]] | None = None) -> int:
+    """Start the server on ``listen``:``port`` (``wrap``: on a fleet host); returns the postmaster's pid.
+
+    With ``clients`` (addresses), TCP connections are let in from those addresses only (password
+    checked), through an ``hba_file`` of its own; without, the cluster's ``pg_hba.conf`` (loopback)."""
+    options = (f"-c listen_addresses={listen} -c port={port} -c unix_socket_directories={c.socket_dir} "
                "-c max_connections=200")
-    run(c, [str(bindir() / "pg_ctl"), "-D", str(c.data), "-l", str(c.log), "-w", "-t", "120", "-o", options, "start"])
+    if clients:
+        write_hba(c, clients)
+        options += f" -c hba_file={c.fleet_hba}"
+    run(c, [str(bindir() / "pg_ctl"), "-D", str(c.data), "-l", str(c.log), "-w", "-t", "120", "-o", options, "start"],
+        wrap=wrap)
     return postmaster_pid(c)
+
+
+def hba_lines(clients: Sequence[str]) -> list[str]:
+    """Local socket connections trusted (the cluster's user and root only); TCP from each of ``clients``
+    (one address each, /32), with a password."""
+    return ["local all all trust", *(f"host all all {address}/32 scram-sha-256" for address in clients)]
+
+
+def write_hba(c: Cluster, clients: Sequence[str]) -> None:
+    c.fleet_hba.write_text("\n".join(hba_lines(clients)) + "\n")
+    os.chown(c.fleet_hba, c.uid, c.gid)
+    os.chmod(c.fleet_hba, 0o600)
 
 
 def postmaster_pid(c: Cluster) -> int:

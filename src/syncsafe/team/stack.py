@@ -8,6 +8,13 @@ DAG processor healthy, each worker has joined the broker). Ports: Airflow 8080,
 MLflow 5000, PostgreSQL 5432, Redis 6379 when free (else any free port; with
 ``preferred_ports=False`` always a free one), all on 127.0.0.1. A part that
 fails to start stops everything started so far.
+
+With a fleet placement (:mod:`syncsafe.team.placement`) the same processes are
+spread over test hosts: the services on host A, bound to A's address, the
+workers on the other hosts, each started in its host's namespace; Redis then
+asks for a password (it refuses other hosts without one), PostgreSQL lets in
+only the fleet hosts' addresses, and ``down`` also reports any process left in
+the fleet's namespaces.
 """
 
 from __future__ import annotations
@@ -28,9 +35,11 @@ from syncsafe.procs import LOOPBACK, log_tail
 from syncsafe.team import airflow as af
 from syncsafe.team import daemons, postgres
 from syncsafe.team.daemons import TeamError
+from syncsafe.team.placement import Placement, check_fleet
 
 REPO = Path(__file__).resolve().parents[3]
 STATE = "team.json"
+REDIS_CONF = "redis.conf"
 PREFERRED = {"airflow": 8080, "mlflow": 5000, "postgres": 5432, "redis": 6379}
 #: Start order; ``down`` stops in reverse.
 ORDER = ("redis", "mlflow", "airflow-api-server", "airflow-scheduler", "airflow-dag-processor",
@@ -78,35 +87,71 @@ def _secrets(old: Mapping[str, str]) -> dict[str, str]:
         "jwt_secret": secrets.token_hex(32),
         "api_secret_key": secrets.token_hex(32),
         "fernet_key": base64.urlsafe_b64encode(os.urandom(32)).decode(),
+        "redis": secrets.token_hex(16),
     }
     return {**new, **old}
 
 
+def placement(state: Mapping[str, Any]) -> Placement:
+    """Where the setup's processes run (saved in ``team.json``; absent: one machine)."""
+    return Placement.from_json(state.get("placement"))
+
+
 def urls(state: Mapping[str, Any]) -> dict[str, str]:
-    ports = state["ports"]
+    """The services' URLs (without passwords: what ``status`` prints), all on the services' address."""
+    ports, addr = state["ports"], placement(state).address
     return {
-        "airflow": f"http://{LOOPBACK}:{ports['airflow']}",
-        "mlflow": f"http://{LOOPBACK}:{ports['mlflow']}",
-        "postgres": f"{LOOPBACK}:{ports['postgres']}",
-        "redis": f"redis://{LOOPBACK}:{ports['redis']}/0",
+        "airflow": f"http://{addr}:{ports['airflow']}",
+        "mlflow": f"http://{addr}:{ports['mlflow']}",
+        "postgres": f"{addr}:{ports['postgres']}",
+        "redis": f"redis://{addr}:{ports['redis']}/0",
     }
+
+
+def broker_url(state: Mapping[str, Any]) -> str:
+    """Celery's broker URL: on a fleet with Redis's password (only in the processes' environment)."""
+    url = urls(state)["redis"]
+    if placement(state).fleet is None:
+        return url
+    return url.replace("redis://", f"redis://:{state['secrets']['redis']}@", 1)
 
 
 def env(layout: Layout, state: Mapping[str, Any]) -> dict[str, str]:
     """The Airflow configuration of this setup (what ``status --env`` prints for a shell)."""
     c = postgres.cluster(layout.pg)
-    s, p = state["secrets"], state["ports"]
+    s, p, addr = state["secrets"], state["ports"], placement(state).address
     return af.airflow_env(
         home=layout.airflow_home, repo=layout.repo, work_dir=layout.work_dir,
-        metadata_url=c.url("airflow", s["airflow_db"], p["postgres"], "airflow"),
-        broker_url=urls(state)["redis"], api_port=p["airflow"], mlflow_url=urls(state)["mlflow"],
-        secrets=s, scheduled=state.get("scheduled", False), extra=state.get("extra_env", {}),
+        metadata_url=c.url("airflow", s["airflow_db"], p["postgres"], "airflow", host=addr),
+        broker_url=broker_url(state), api_port=p["airflow"], mlflow_url=urls(state)["mlflow"],
+        secrets=s, scheduled=state.get("scheduled", False), extra=state.get("extra_env", {}), api_host=addr,
     )
 
 
+def commands(layout: Layout, state: Mapping[str, Any], redis: str = "redis-server") -> dict[str, list[str]]:
+    """Every long-running process (``ORDER``), its command line as started on its host: services bound to
+    the services' address, on a fleet wrapped to run in their host's namespace (no side effects)."""
+    where, ports = placement(state), state["ports"]
+    addr, fleet = where.address, where.fleet is not None
+    # on a fleet Redis needs a password (protected mode refuses other hosts without one): read from a file
+    conf = [str(layout.root / REDIS_CONF)] if fleet else []
+    # on a fleet only A's address:port is a Host the MLflow server answers (its default: every private address)
+    hosts = ["--allowed-hosts", f"{addr}:{ports['mlflow']},{addr}"] if fleet else []
+    out = {
+        "redis": [redis, *conf, "--bind", addr, "--port", str(ports["redis"]), "--save", "", "--appendonly", "no",
+                  "--dir", str(layout.root), "--protected-mode", "yes"],
+        "mlflow": [str(layout.mlflow), "server", "--host", addr, "--port", str(ports["mlflow"]), *hosts,
+                   "--workers", "2", "--artifacts-destination", str(layout.artifacts)],
+        **af.commands(layout.airflow, {w: where.worker_label(w) for w in af.WORKERS}),
+    }
+    return {name: where.argv(name, out[name]) for name in ORDER}
+
+
 def up(layout: Layout, *, scheduled: bool = False, preferred_ports: bool = True,
-       extra_env: Mapping[str, str] | None = None, timeout_s: float = 600) -> dict[str, Any]:
-    """Start everything; returns the saved state. Already up: an error naming the state file."""
+       extra_env: Mapping[str, str] | None = None, timeout_s: float = 600,
+       where: Placement = Placement.single()) -> dict[str, Any]:
+    """Start everything (``where``: on this machine, or spread over a fleet that is up); returns the saved
+    state. Already up: an error naming the state file."""
     old = load(layout)
     if any(daemons.process(r) for r in old.get("processes", {}).values()):
         raise TeamError(f"the team setup in {layout.root} is already up (scripts/team.sh down first)")
@@ -114,12 +159,15 @@ def up(layout: Layout, *, scheduled: bool = False, preferred_ports: bool = True,
         if not tool.exists():
             raise TeamError(f"{tool} not found: run `make team-env`")
     redis = _which("redis-server")
+    check_fleet(where)
     layout.root.mkdir(parents=True, exist_ok=True)
     os.chmod(layout.root, 0o755)
     state: dict[str, Any] = {
         "root": str(layout.root), "repo": str(layout.repo), "scheduled": scheduled,
         "extra_env": dict(extra_env or {}), "secrets": _secrets(old.get("secrets", {})), "processes": {},
-        "ports": {k: daemons.pick_port(v if preferred_ports else None) for k, v in PREFERRED.items()},
+        "placement": where.to_json(),
+        "ports": {k: where.call(daemons.pick_port, v if preferred_ports else None, where.address)
+                  for k, v in PREFERRED.items()},
     }
     save(layout, state)
     try:
@@ -132,6 +180,8 @@ def up(layout: Layout, *, scheduled: bool = False, preferred_ports: bool = True,
 
 def _start_all(layout: Layout, state: dict[str, Any], redis: str, timeout_s: float) -> None:
     ports, s, procs = state["ports"], state["secrets"], state["processes"]
+    where = placement(state)
+    addr, fleet = where.address, where.fleet is not None
     base_env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "SYNCSAFE_", "MLFLOW_"))}
 
     def started(name: str, cmd: list[str], env: Mapping[str, str]) -> dict:
@@ -141,33 +191,38 @@ def _start_all(layout: Layout, state: dict[str, Any], redis: str, timeout_s: flo
 
     c = postgres.cluster(layout.pg)
     postgres.init(c)
-    state["postgres_pid"] = postgres.start(c, ports["postgres"])
+    state["postgres_pid"] = postgres.start(
+        c, ports["postgres"], listen=addr, clients=where.client_addresses(tuple(af.WORKERS)) if fleet else (),
+        wrap=(lambda cmd: where.argv("postgres", cmd)) if fleet else None)
     save(layout, state)
     for db in ("airflow", "mlflow"):
         postgres.ensure_database(c, ports["postgres"], db, s[f"{db}_db"])
 
-    rec = started("redis", [redis, "--bind", LOOPBACK, "--port", str(ports["redis"]), "--save", "",
-                            "--appendonly", "no", "--dir", str(layout.root), "--protected-mode", "yes"], base_env)
-    daemons.wait_until(lambda: _redis_ping(ports["redis"]), what="redis", timeout_s=60, record=rec)
+    cmds = commands(layout, state, redis)
+    if fleet:
+        _write_redis_config(layout, state)
+    rec = started("redis", cmds["redis"], base_env)
+    auth = s["redis"] if fleet else None
+    daemons.wait_until(lambda: where.call(_redis_ping, ports["redis"], addr, auth), what="redis", timeout_s=60,
+                       record=rec)
 
     layout.artifacts.mkdir(parents=True, exist_ok=True)
     # the store URI holds the role's password: through the environment, never the command line (ps, logs)
-    store = {"MLFLOW_BACKEND_STORE_URI": c.url("mlflow", s["mlflow_db"], ports["postgres"], "mlflow")}
-    rec = started("mlflow", [str(layout.mlflow), "server", "--host", LOOPBACK, "--port", str(ports["mlflow"]),
-                             "--workers", "2", "--artifacts-destination", str(layout.artifacts)], {**base_env, **store})
-    daemons.wait_until(lambda: daemons.http_ok(urls(state)["mlflow"] + "/health"), what="mlflow server",
+    store = {"MLFLOW_BACKEND_STORE_URI": c.url("mlflow", s["mlflow_db"], ports["postgres"], "mlflow", host=addr)}
+    rec = started("mlflow", cmds["mlflow"], {**base_env, **store})
+    daemons.wait_until(lambda: where.call(daemons.http_ok, urls(state)["mlflow"] + "/health"), what="mlflow server",
                        timeout_s=timeout_s, record=rec)
 
     aenv = {**base_env, **env(layout, state)}
     layout.airflow_home.mkdir(parents=True, exist_ok=True)
     write_json(layout.airflow_home / "passwords.json", {af.ADMIN: s["admin"]}, mode=0o600)
-    _airflow_cli(layout, aenv, ["db", "migrate"], timeout_s)
+    _airflow_cli(layout, aenv, ["db", "migrate"], timeout_s, where)
     _airflow_cli(layout, aenv, ["pools", "set", af.GPU_POOL, "1", "GPU nodes for syncsafe train and replay_vllm"],
-                 timeout_s)
-    for name, cmd in af.commands(layout.airflow).items():
+                 timeout_s, where)
+    for name in ORDER[2:]:
         worker = name.removeprefix("airflow-worker-")
-        started(name, cmd, af.worker_env(aenv, worker, layout.repo / "src") if worker in af.WORKERS else aenv)
-    client = af.AirflowClient(urls(state)["airflow"], s["admin"])
+        started(name, cmds[name], af.worker_env(aenv, worker, layout.repo / "src") if worker in af.WORKERS else aenv)
+    client = af.AirflowClient(urls(state)["airflow"], s["admin"], call=where.call)
     daemons.wait_until(lambda: _healthy(client), what="airflow api-server, scheduler and dag-processor",
                        timeout_s=timeout_s, record=procs["airflow-api-server"])
     for worker in af.WORKERS:
@@ -185,11 +240,25 @@ def _which(name: str) -> str:
     return found
 
 
-def _redis_ping(port: int) -> bool:
+def _write_redis_config(layout: Layout, state: Mapping[str, Any]) -> None:
+    """Redis's password in a file only the owner reads (never on the command line)."""
+    conf = layout.root / REDIS_CONF
+    conf.touch(mode=0o600)
+    os.chmod(conf, 0o600)
+    conf.write_text(f"requirepass {state['secrets']['redis']}\n")
+
+
+def _redis_ping(port: int, address: str = LOOPBACK, password: str | None = None) -> bool:
     try:
-        with socket.create_connection((LOOPBACK, port), timeout=1) as sock:
-            sock.sendall(b"PING\r\n")
-            return sock.recv(16).startswith(b"+PONG")
+        with socket.create_connection((address, port), timeout=1) as sock:
+            sock.sendall((f"AUTH {password}\r\n" if password else "").encode() + b"PING\r\n")
+            reply = b""
+            while reply.count(b"\r\n") < (2 if password else 1):
+                chunk = sock.recv(64)
+                if not chunk:
+                    break
+                reply += chunk
+            return reply.endswith(b"+PONG\r\n")
     except OSError:
         return False
 
@@ -202,13 +271,15 @@ def _healthy(client: af.AirflowClient) -> bool:
     return all(health.get(part, {}).get("status") == "healthy" for part in ("metadatabase", "scheduler", "dag_processor"))
 
 
-def _airflow_cli(layout: Layout, env: Mapping[str, str], args: list[str], timeout_s: float) -> None:
+def _airflow_cli(layout: Layout, env: Mapping[str, str], args: list[str], timeout_s: float,
+                 where: Placement) -> None:
     log = layout.logs / "airflow-cli.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a") as out:
         out.write(f"\n=== airflow {' '.join(args)}\n")
         out.flush()
-        done = subprocess.run([str(layout.airflow), *args], env=dict(env), cwd=layout.root, stdout=out,
+        done = subprocess.run(where.argv("airflow-scheduler", [str(layout.airflow), *args]), env=dict(env),
+                              cwd=layout.root, stdout=out,
                               stderr=subprocess.STDOUT, timeout=timeout_s)
     if done.returncode != 0:
         raise TeamError(f"airflow {' '.join(args)} failed (exit {done.returncode}); log {log}:\n{log_tail(log)}")
@@ -219,6 +290,7 @@ def down(layout: Layout) -> list[str]:
     state = load(layout)
     if not state:
         return []
+    where = placement(state)
     procs = state.get("processes", {})
     left = daemons.stop([procs[n] for n in reversed(ORDER) if n in procs and n.startswith("airflow")])
     left += daemons.stop([procs[n] for n in ("mlflow", "redis") if n in procs])
@@ -228,8 +300,38 @@ def down(layout: Layout) -> list[str]:
         left += daemons.stop([r for r in [_record(state["postgres_pid"])] if r])
     state["processes"], state["postgres_pid"] = {}, 0
     save(layout, state)
-    left += [f"port {p} ({name}) still listening" for name, p in state.get("ports", {}).items() if daemons.listening(p)]
+    left += [f"port {p} ({name}) still listening on {where.address}" for name, p in state.get("ports", {}).items()
+             if _still_listening(where, p)]
+    return left + _left_on_hosts(where)
+
+
+def _still_listening(where: Placement, port: int) -> bool:
+    try:
+        return where.call(daemons.listening, port, where.address)
+    except TeamError:  # the fleet's namespaces are gone, and whatever listened there with them
+        return False
+
+
+def _left_on_hosts(where: Placement) -> list[str]:
+    """Processes still running in the fleet's host namespaces (none after a clean ``down``)."""
+    if where.fleet is None:
+        return []
+    from syncsafe.fleet import netns
+
+    left = []
+    for host in where.fleet.hosts:
+        for pid in netns.pids(where.fleet.namespace(host)):
+            left.append(f"pid {pid} ({_record_name(pid)}) still running on host {host}")
     return left
+
+
+def _record_name(pid: int) -> str:
+    import psutil
+
+    try:
+        return " ".join(psutil.Process(pid).cmdline())[:120]
+    except psutil.Error:
+        return "?"
 
 
 def _record(pid: int) -> dict | None:
@@ -246,16 +348,18 @@ def status(layout: Layout) -> dict[str, Any]:
     state = load(layout)
     if not state:
         return {"root": str(layout.root), "up": False, "parts": {}}
-    parts = {name: {"running": daemons.process(r) is not None, "log": r["log"]}
+    where = placement(state)
+    parts = {name: {"running": daemons.process(r) is not None, "log": r["log"], "host": where.host(name)}
              for name, r in state.get("processes", {}).items()}
     parts["postgres"] = {"running": bool(state.get("postgres_pid")) and _record(state["postgres_pid"]) is not None,
-                         "log": str(postgres.cluster(layout.pg).log)}
+                         "log": str(postgres.cluster(layout.pg).log), "host": where.host("postgres")}
     return {"root": str(layout.root), "up": all(p["running"] for p in parts.values()) and len(parts) > 1,
-            "urls": urls(state) if "ports" in state else {}, "parts": parts, "admin_password": state["secrets"]["admin"]}
+            "urls": urls(state) if "ports" in state else {}, "parts": parts, "placement": where.describe(),
+            "admin_password": state["secrets"]["admin"]}
 
 
 def client(layout: Layout) -> af.AirflowClient:
     state = load(layout)
     if not state.get("processes"):
         raise TeamError(f"the team setup in {layout.root} is not up (scripts/team.sh up)")
-    return af.AirflowClient(urls(state)["airflow"], state["secrets"]["admin"])
+    return af.AirflowClient(urls(state)["airflow"], state["secrets"]["admin"], call=placement(state).call)
