@@ -89,6 +89,7 @@ def drill(fleet: Fleet, fault: str, heartbeat_s: float, collective_s: float, por
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--faults", nargs="+", choices=["kill", "cut"], default=["kill", "cut"])
     ap.add_argument("--heartbeat-timeout-s", type=float, default=10.0)
     ap.add_argument("--collective-timeout-s", type=float, default=60.0)
     args = ap.parse_args()
@@ -97,7 +98,7 @@ def main() -> int:
     netns.up(fleet)
     port = 29700
     try:
-        for fault in ("kill", "cut"):
+        for fault in args.faults:
             a_times, b_times = [], []
             for rep in range(args.reps):
                 port += 1

@@ -132,11 +132,20 @@ def root_cause(agent_log: Path) -> tuple[int, int] | None:
     return (int(rank.group(1)), int(code.group(1))) if rank and code else None
 
 
-def _children(pid: int) -> list[psutil.Process]:
+def _islands(pid: int) -> list[psutil.Process]:
+    """The island processes torchrun `pid` still runs."""
     try:
-        return psutil.Process(pid).children()
+        children = psutil.Process(pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return []
+    found = []
+    for child in children:
+        try:
+            if "syncsafe.diloco.worker" in " ".join(child.cmdline()):
+                found.append(child)
+        except psutil.NoSuchProcess:
+            continue
+    return found
 
 
 def _wait(proc: subprocess.Popen, log_dir: Path) -> int:
@@ -149,12 +158,12 @@ def _wait(proc: subprocess.Popen, log_dir: Path) -> int:
             time.sleep(0.5)
             if deadline is None and marked_line(log_dir, ISLAND_LOST_MARK) is not None:
                 deadline = time.monotonic() + GRACE_S
-            if deadline is not None and not _children(proc.pid):  # every island here is gone: stop waiting
+            if deadline is not None and not _islands(proc.pid):  # every island here is gone: stop waiting
                 deadline = time.monotonic()
             if deadline is not None and time.monotonic() > deadline:
-                proc.terminate()
+                proc.terminate()  # its islands are gone: nothing of ours is left for its agent to clean up
                 try:
-                    proc.wait(timeout=GRACE_S)
+                    proc.wait(timeout=2.0)
                 except subprocess.TimeoutExpired:
                     proc.kill()
         return proc.wait()
