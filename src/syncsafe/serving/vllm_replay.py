@@ -75,6 +75,11 @@ def parse_gauges(text: str) -> dict[str, float]:
     return {GAUGES[name]: value for name, value in sum_samples(text, GAUGES).items()}
 
 
+#: How long one /metrics scrape may take: the API server answers it between streaming tokens, and inside a merge
+#: window at the planned load it has been seen to take over 2 s (a late answer still holds that moment's gauges).
+SCRAPE_TIMEOUT_S = 5.0
+
+
 class MetricsScraper:
     """Samples the server's gauges every `interval_s` on a background thread, counting failed scrapes."""
 
@@ -94,7 +99,7 @@ class MetricsScraper:
         while not self._stop.is_set():
             now = timebase.now()
             try:
-                with urllib.request.urlopen(self.url, timeout=2) as resp:
+                with urllib.request.urlopen(self.url, timeout=SCRAPE_TIMEOUT_S) as resp:
                     gauges = parse_gauges(resp.read().decode())
                 self.rows.append({"t_s": (now - self.start_epoch) * self.time_scale, **gauges})
             except Exception as err:  # noqa: BLE001 - every failed scrape is counted, none ends the thread
@@ -295,6 +300,7 @@ class RealArm:
             "span_merges": counted.merges, "span_cut": counted.cut,
             "foreign_cpu_cores": foreign.cores, "foreign_top": [list(t) for t in foreign.top],
             "scrape_failures": len(scraper.failures), "scrape_failure_rate": scraper.failure_rate,
+            "scrape_failure_reasons": scraper.failures[:5],  # what the first failed scrapes met
             # valid, invalid_reason, failure_rate, send_lag_p99_ms: an invalid replay licenses nothing
             **replay_validity(results, cfg.max_failure_rate, cfg.max_send_lag_p99_ms, reasons),
             "cap_wait_max_ms": float(results["cap_wait_ms"].max()),
