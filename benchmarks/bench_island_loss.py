@@ -23,7 +23,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import psutil
 import yaml
 
 from syncsafe.config import load_params
@@ -46,14 +45,6 @@ def project(root: Path, heartbeat_s: float, collective_s: float) -> Path:
     return path
 
 
-def island_on(fleet: Fleet, host: str) -> psutil.Process:
-    for pid in netns.pids(fleet.namespace(host)):
-        cmdline = " ".join(psutil.Process(pid).cmdline())
-        if "syncsafe.diloco.worker" in cmdline and "torchrun" not in cmdline:
-            return psutil.Process(pid)
-    raise RuntimeError(f"no island on host {host}")
-
-
 def drill(fleet: Fleet, fault: str, heartbeat_s: float, collective_s: float, port: int) -> tuple[float, float, str]:
     with tempfile.TemporaryDirectory(prefix="syncsafe-bench-loss-") as tmp:
         root = Path(tmp)
@@ -69,7 +60,7 @@ def drill(fleet: Fleet, fault: str, heartbeat_s: float, collective_s: float, por
             time.sleep(0.05)
         struck = time.monotonic()
         if fault == "kill":
-            island_on(fleet, "b").kill()
+            training.islands_on(fleet, "b")[0].kill()
         else:
             links.cut(fleet, "b")
         exited: dict[str, float] = {}

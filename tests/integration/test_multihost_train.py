@@ -27,7 +27,7 @@ from fleet_support import fleet_up
 from syncsafe.config import load_params
 from syncsafe.diloco.launch import train_regime
 from syncsafe.diloco.run import train_dir
-from syncsafe.fleet import links, netns, training
+from syncsafe.fleet import links, training
 from syncsafe.fleet.hosts import Fleet
 from syncsafe.traces.stage import build_traces
 
@@ -118,14 +118,9 @@ def test_two_hosts_train_the_same_run_as_one_machine(fleet, reference, tmp_path,
 
 
 def _island_on_b(fleet: Fleet) -> psutil.Process:
-    for pid in netns.pids(fleet.namespace("b")):
-        try:
-            cmdline = " ".join(psutil.Process(pid).cmdline())
-        except psutil.NoSuchProcess:
-            continue
-        if "syncsafe.diloco.worker" in cmdline and "torchrun" not in cmdline:
-            return psutil.Process(pid)
-    raise AssertionError("no island process on host b")
+    islands = training.islands_on(fleet, "b")
+    assert len(islands) == 1, islands  # one island process per host
+    return islands[0]
 
 
 def _lost_then_resumed(fleet: Fleet, root: Path, reference: Path, fault, on_b: str, heal=lambda: None) -> None:

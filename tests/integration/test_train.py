@@ -26,7 +26,7 @@ from typer.testing import CliRunner
 from syncsafe.cli import app
 from syncsafe.config import load_params
 from syncsafe.diloco.checkpoint import load_checkpoint
-from syncsafe.diloco.launch import GRACE_S, IslandLost, train_regime
+from syncsafe.diloco.launch import GRACE_S, IslandLost, island_processes, train_regime
 from syncsafe.diloco.run import train_dir
 from syncsafe.schedules.schedule import read_schedule
 from syncsafe.traces.stage import build_traces
@@ -172,17 +172,6 @@ def test_lost_island_exits_3(tmp_path, monkeypatch, tiny_raw):
     assert "island 1 killed by SIGKILL" in result.output and "Traceback" not in result.output
 
 
-def _islands_of(stage: psutil.Process) -> list[psutil.Process]:
-    found = []
-    for child in stage.children(recursive=True):
-        try:
-            if "syncsafe.diloco.worker" in " ".join(child.cmdline()):
-                found.append(child)
-        except psutil.NoSuchProcess:
-            continue
-    return found
-
-
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
 def test_killing_the_train_stage_leaves_no_island_training(tmp_path, tiny_raw, sig):
     """SIGKILL (as an OOM kill) or SIGTERM of the stage: its islands die with it, none keeps writing runs/."""
@@ -194,7 +183,7 @@ def test_killing_the_train_stage_leaves_no_island_training(tmp_path, tiny_raw, s
     islands: list[psutil.Process] = []
     log_dir = tmp_path / "logs" / "train" / "bursty"
     while time.monotonic() < deadline and stage.poll() is None:  # running islands that are past their start-up
-        islands = _islands_of(psutil.Process(stage.pid))
+        islands = island_processes(stage.pid)
         logs = list(log_dir.glob("*.log")) if log_dir.is_dir() else []
         if len(islands) == 2 and any("trained" in p.read_text(errors="replace") for p in logs):
             break

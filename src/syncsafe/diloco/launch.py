@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 from tqdm import tqdm
 
 from syncsafe.config import Params
@@ -36,6 +37,26 @@ from syncsafe.errors import EXIT_BAD_INPUT, EXIT_ISLAND_LOST, BadInput
 from syncsafe.procs import LOOPBACK_ENV, STORE_FD_ENV, die_with_parent, listening_socket, log_tail
 
 GRACE_S = 10.0
+#: The module every island process runs (here, under torchrun, or any launcher).
+ISLAND_MODULE = "syncsafe.diloco.worker"
+
+
+def is_island_process(proc: psutil.Process) -> bool:
+    """Whether `proc` is an island (not a torchrun agent whose command line names the module too)."""
+    try:
+        cmdline = proc.cmdline()
+    except psutil.NoSuchProcess:
+        return False
+    return ISLAND_MODULE in cmdline and not any(Path(arg).name == "torchrun" for arg in cmdline)
+
+
+def island_processes(pid: int) -> list[psutil.Process]:
+    """The island processes below process `pid` (a stage, a torchrun agent)."""
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    return [child for child in children if is_island_process(child)]
 
 
 class IslandLost(RuntimeError):
@@ -69,7 +90,7 @@ def _launch(params_path: Path, regime: str, root: Path, island_ids: list[int], r
     log_dir.mkdir(parents=True, exist_ok=True)
     listener = listening_socket()  # rank 0's store serves on it: the port is ours from now on
     port = listener.getsockname()[1]
-    cmd = [sys.executable, "-m", "syncsafe.diloco.worker", "--params", str(params_path), "--regime", regime,
+    cmd = [sys.executable, "-m", ISLAND_MODULE, "--params", str(params_path), "--regime", regime,
            "--root", str(root), "--island-ids", ",".join(map(str, island_ids))]
     for policy in dict.fromkeys(p for p, _ in runs):
         cmd += ["--policy", policy]

@@ -28,11 +28,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
 from syncsafe.config import Params
 from syncsafe.diloco.heartbeat import ISLAND_LOST_MARK
-from syncsafe.diloco.launch import GRACE_S, IslandLost, preflight, terminated_as_exit
+from syncsafe.diloco.launch import GRACE_S, ISLAND_MODULE, IslandLost, island_processes, preflight, terminated_as_exit
 from syncsafe.diloco.run import TRAIN_LOG_DIR, train_dir
 from syncsafe.diloco.worker import BAD_INPUT_MARK
 from syncsafe.errors import BadInput
@@ -91,7 +89,7 @@ def torchrun_command(launch: NodeLaunch, params_path: Path, regime: str, root: P
     if launch.local_addr:  # and whether this node hosts the rendezvous store (torch guesses from the
         # machine's name, which test hosts on one machine share)
         cmd += ["--local-addr", launch.local_addr, "--rdzv-conf", f"is_host={int(launch.hosts_store)}"]
-    cmd += ["-m", "syncsafe.diloco.worker", "--params", str(params_path), "--regime", regime, "--root", str(root)]
+    cmd += ["-m", ISLAND_MODULE, "--params", str(params_path), "--regime", regime, "--root", str(root)]
     for policy in policies or []:
         cmd += ["--policy", policy]
     for seed in seeds or []:
@@ -132,22 +130,6 @@ def root_cause(agent_log: Path) -> tuple[int, int] | None:
     return (int(rank.group(1)), int(code.group(1))) if rank and code else None
 
 
-def _islands(pid: int) -> list[psutil.Process]:
-    """The island processes torchrun `pid` still runs."""
-    try:
-        children = psutil.Process(pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return []
-    found = []
-    for child in children:
-        try:
-            if "syncsafe.diloco.worker" in " ".join(child.cmdline()):
-                found.append(child)
-        except psutil.NoSuchProcess:
-            continue
-    return found
-
-
 def _wait(proc: subprocess.Popen, log_dir: Path) -> int:
     """torchrun's exit code. Once an island here has written that a peer or the store is lost (and
     exited 3), torchrun gets `GRACE_S` to finish, none once it has no island left: its agent can hang on a
@@ -158,7 +140,7 @@ def _wait(proc: subprocess.Popen, log_dir: Path) -> int:
             time.sleep(0.5)
             if deadline is None and marked_line(log_dir, ISLAND_LOST_MARK) is not None:
                 deadline = time.monotonic() + GRACE_S
-            if deadline is not None and not _islands(proc.pid):  # every island here is gone: stop waiting
+            if deadline is not None and not island_processes(proc.pid):  # every island here is gone: stop waiting
                 deadline = time.monotonic()
             if deadline is not None and time.monotonic() > deadline:
                 proc.terminate()  # its islands are gone: nothing of ours is left for its agent to clean up

@@ -13,7 +13,24 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+import psutil
+
+from syncsafe.diloco.launch import is_island_process
+from syncsafe.fleet import netns
 from syncsafe.fleet.hosts import HOST_IFNAME, Fleet
+
+
+def islands_on(fleet: Fleet, host: str) -> list[psutil.Process]:
+    """The island processes running on `host`."""
+    found = []
+    for pid in netns.pids(fleet.namespace(host)):
+        try:
+            proc = psutil.Process(pid)
+        except psutil.NoSuchProcess:
+            continue
+        if is_island_process(proc):
+            found.append(proc)
+    return found
 
 
 def node_argv(fleet: Fleet, host: str, params_path: Path, root: Path, port: int, nproc_per_node: int = 1,
