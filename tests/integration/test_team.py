@@ -16,16 +16,14 @@ except under CI, where a skip would hide a missing install step.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import psutil
 import pytest
 from parallel_writers import item_runs, run_writers
-from team_run import (DAG_ID, REPO, SCRIPT, check_no_secret_leaks, check_stage_runs, require_installs,
-                      run_tiny_nightly, session)
+from team_run import (DAG_ID, SCRIPT, check_no_secret_leaks, check_stage_runs, require_installs, session,
+                      successful_nightly, team_up)
 from team_run import team_script as _script
 
 from syncsafe.team import stack
@@ -37,26 +35,15 @@ pytestmark = [pytest.mark.slow,
 
 @pytest.fixture(scope="module")
 def team():
-    """The team setup up in a temporary state folder (PostgreSQL's user must reach it: under /tmp,
-    not pytest's 0700 tmp folder); brought down at the end whatever happened."""
+    """The team setup up on one machine, on free ports."""
     require_installs()
-    root = Path(tempfile.mkdtemp(prefix="syncsafe-team-test-"))
-    layout = stack.Layout.at(root, REPO)
-    try:
-        done = _script("up", "--dir", str(root), "--free-ports", "--env", "SYNCSAFE_RETRIES=0")
-        assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
+    with team_up("syncsafe-team-test-", "--free-ports") as layout:
         yield layout
-    finally:
-        stack.down(layout)  # after test_down_leaves_nothing has run: a no-op
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
 def nightly(team: stack.Layout):
-    """One tiny nightly run, triggered and awaited through the REST API."""
-    run = run_tiny_nightly(stack.client(team), "one machine")
-    assert run.state == "success", f"{run.run_id}: {run.state}; {run.summary()}; logs in {team.airflow_home / 'logs'}"
-    return run
+    return successful_nightly(team, "one machine")
 
 
 def test_everything_listens_on_loopback_only(team: stack.Layout) -> None:

@@ -16,14 +16,11 @@ is missing, the tests skip, except under CI, where they fail.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
-from pathlib import Path
 
 import psutil
 import pytest
-from team_run import (REPO, cannot_run, check_no_secret_leaks, check_stage_runs, require_installs,
-                      run_tiny_nightly, session, team_script)
+from team_run import (cannot_run, check_no_secret_leaks, check_stage_runs, require_installs, session,
+                      successful_nightly, team_script, team_up)
 
 from syncsafe.fleet import netns
 from syncsafe.fleet.hosts import Fleet
@@ -57,26 +54,14 @@ def fleet():
 
 @pytest.fixture(scope="module")
 def team(fleet: Fleet):
-    """The team setup up across the fleet in a temporary state folder (under /tmp: PostgreSQL's user must
-    reach it); brought down before the fleet, whatever happened."""
-    root = Path(tempfile.mkdtemp(prefix="syncsafe-team-hosts-test-"))
-    layout = stack.Layout.at(root, REPO)
-    try:
-        done = team_script("up", "--dir", str(root), "--fleet", fleet.name, "--hosts", str(len(fleet.hosts)),
-                           "--env", "SYNCSAFE_RETRIES=0")
-        assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
+    """The team setup up across the fleet; brought down before the fleet, whatever happened."""
+    with team_up("syncsafe-team-hosts-test-", "--fleet", fleet.name, "--hosts", str(len(fleet.hosts))) as layout:
         yield layout
-    finally:
-        stack.down(layout)  # after test_down_leaves_no_process_on_any_host has run: a no-op
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
 def nightly(team: stack.Layout):
-    """One tiny nightly run, triggered and awaited through the REST API on a."""
-    run = run_tiny_nightly(stack.client(team), "fleet sstm, two hosts")
-    assert run.state == "success", f"{run.run_id}: {run.state}; {run.summary()}; logs in {team.airflow_home / 'logs'}"
-    return run
+    return successful_nightly(team, "fleet sstm, two hosts")
 
 
 def _netns_inode(path: str) -> int:

@@ -8,11 +8,14 @@ secret is on a command line or in a log, and a process session's members.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import stat
 import subprocess
+import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
@@ -20,6 +23,8 @@ from typing import NoReturn
 import psutil
 import pytest
 from parallel_writers import item_runs
+
+from syncsafe.team import stack
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "team.sh"
@@ -75,6 +80,29 @@ class Nightly:
 
     def summary(self) -> list[tuple]:
         return [(t["task_id"], t["map_index"], t["state"], t["hostname"]) for t in self.tis]
+
+
+@contextlib.contextmanager
+def team_up(prefix: str, *up_args: str) -> Iterator[stack.Layout]:
+    """The team setup up (`team.sh up --dir <folder> *up_args`) in a temporary state folder (PostgreSQL's user
+    must reach it: under /tmp, not pytest's 0700 tmp folder); brought down at the end whatever happened (a
+    no-op after a test that took it down itself)."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    layout = stack.Layout.at(root, REPO)
+    try:
+        done = team_script("up", "--dir", str(root), *up_args, "--env", "SYNCSAFE_RETRIES=0")
+        assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
+        yield layout
+    finally:
+        stack.down(layout)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def successful_nightly(layout: stack.Layout, label: str) -> Nightly:
+    """One tiny nightly run of the setup at `layout`, triggered and awaited through the REST API; it must succeed."""
+    run = run_tiny_nightly(stack.client(layout), label)
+    assert run.state == "success", f"{run.run_id}: {run.state}; {run.summary()}; logs in {layout.airflow_home / 'logs'}"
+    return run
 
 
 def run_tiny_nightly(client, label: str, timeout_s: float = 1500) -> Nightly:
