@@ -130,7 +130,7 @@ def root_cause(agent_log: Path) -> tuple[int, int] | None:
     return (int(rank.group(1)), int(code.group(1))) if rank and code else None
 
 
-def _wait(proc: subprocess.Popen, log_dir: Path) -> int:
+def _wait(proc: subprocess.Popen, log_dir: Path, islands: int) -> int:
     """torchrun's exit code. Once an island here has written that a peer or the store is lost (and
     exited 3), torchrun gets `GRACE_S` to finish, none once it has no island left: its agent can hang on a
     store it cannot reach any more."""
@@ -138,9 +138,11 @@ def _wait(proc: subprocess.Popen, log_dir: Path) -> int:
     try:
         while proc.poll() is None:
             time.sleep(0.5)
-            if deadline is None and marked_line(log_dir, ISLAND_LOST_MARK) is not None:
+            running = len(island_processes(proc.pid))
+            # the islands' logs are read only while fewer than `islands` run (one is gone, or not up yet)
+            if deadline is None and running < islands and marked_line(log_dir, ISLAND_LOST_MARK) is not None:
                 deadline = time.monotonic() + GRACE_S
-            if deadline is not None and not island_processes(proc.pid):  # every island here is gone: stop waiting
+            if deadline is not None and not running:  # every island here is gone: stop waiting
                 deadline = time.monotonic()
             if deadline is not None and time.monotonic() > deadline:
                 proc.terminate()  # its islands are gone: nothing of ours is left for its agent to clean up
@@ -171,7 +173,7 @@ def train_node(params: Params, params_path: Path, regime: str, root: Path, launc
     with open(agent_log, "w") as fh, terminated_as_exit():
         proc = subprocess.Popen(cmd, env=node_env(launch, dict(os.environ)), stdout=fh, stderr=subprocess.STDOUT,
                                 preexec_fn=functools.partial(die_with_parent, os.getpid()))
-        returncode = _wait(proc, log_dir)
+        returncode = _wait(proc, log_dir, launch.nproc_per_node)
     if returncode != 0:
         lost = marked_line(log_dir, ISLAND_LOST_MARK)
         if lost:
