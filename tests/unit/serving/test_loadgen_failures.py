@@ -115,6 +115,9 @@ def test_latency_runs_from_the_scheduled_arrival(server):
     lag = results["send_lag_ms"].sort_values().to_numpy()
     e2e = results["e2e_ms"].sort_values().to_numpy()
     assert lag[0] < 100 and lag[2] >= 2 * DELAY_S * 1000 * 0.9  # the third waited for two others
+    # the cap's wait is the queued requests' alone: exactly zero for the one that found the slot free
+    wait = raw.sort_values("send_epoch")["cap_wait_ms"].to_numpy()
+    assert wait[0] == 0.0 and wait[1] >= DELAY_S * 1000 * 0.9 and wait[2] >= 2 * DELAY_S * 1000 * 0.9
     # E2E includes the send lag: never less than the lag plus the server's own time
     assert (results["e2e_ms"] >= results["send_lag_ms"] + DELAY_S * 1000 * 0.9).all()
     assert e2e[2] >= 3 * DELAY_S * 1000 * 0.9
