@@ -225,6 +225,22 @@ def _p95(values_ms: np.ndarray) -> float | None:
     return _quantiles_ms(values_ms, (95,))[0]
 
 
+def p95_rows(values_ms: np.ndarray) -> np.ndarray:
+    """p95 of every row of a finite 2-D array, equal to `np.percentile(values_ms, 95, axis=1)` (its linear
+    method, same arithmetic) from one partition: the bootstrap's inner loop calls it hundreds of thousands of
+    times, where `np.percentile`'s own bookkeeping costs more than the partition."""
+    n = values_ms.shape[1]
+    if n == 0:
+        raise ValueError("p95 of an empty row")
+    index = (n - 1) * 0.95
+    lo = int(np.floor(index))
+    hi = min(lo + 1, n - 1)
+    part = np.partition(values_ms, (lo, hi), axis=1)
+    a, b, gamma = part[:, lo], part[:, hi], index - lo
+    diff = b - a
+    return b - diff * (1.0 - gamma) if gamma >= 0.5 else a + diff * gamma
+
+
 def _percentiles(prefix: str, values_ms: np.ndarray) -> dict[str, float | None]:
     """`{prefix}_p50_ms`, `_p95_ms`, `_p99_ms` of the finite values."""
     return {f"{prefix}_p{q}_ms": v for q, v in zip(SUMMARY_PERCENTILES, _quantiles_ms(values_ms, SUMMARY_PERCENTILES))}

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from pydantic import ValidationError
 
-from syncsafe.serving.metrics import REQUEST_RESULT_COLUMNS, SloSpec, derive_slo, summarize
+from syncsafe.serving.metrics import REQUEST_RESULT_COLUMNS, SloSpec, derive_slo, p95_rows, summarize
 
 NAN = float("nan")
 
@@ -108,3 +108,11 @@ def test_bad_summary_inputs_are_refused():
     with pytest.raises(ValueError, match="finite"):
         summarize(table(), SloSpec(e2e_ms=1.0), math.inf)
     assert tuple(table().columns) == REQUEST_RESULT_COLUMNS
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 20, 21, 101, 1000])
+def test_p95_of_rows_is_numpys_percentile_exactly(n):
+    values = np.random.default_rng(n).lognormal(size=(3, n))
+    assert np.array_equal(p95_rows(values), np.percentile(values, 95, axis=1))
+    with pytest.raises(ValueError, match="empty"):
+        p95_rows(np.empty((3, 0)))
