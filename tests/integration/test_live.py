@@ -16,7 +16,7 @@ import psutil
 import pytest
 import yaml
 
-from vllm_env import VLLM_PYTHON, require_vllm_python
+from vllm_env import VLLM_PYTHON, eager, require_vllm_python
 from syncsafe import timebase
 from syncsafe.config import load_params
 from syncsafe.schedules.schedule import read_schedule
@@ -30,7 +30,7 @@ def make_project(root: Path, raw: dict) -> Path:
     """The tiny profile (`raw`, from the `tiny_raw` fixture: one seed, fixed_h and wa_diloco), 60 trace s per
     live run (15 wall s); fixed_h at min_h merges at every decision it can."""
     raw["control"]["fixed_h"]["h"] = raw["control"]["min_h"]
-    raw["replay"]["vllm"].update({"python": str(VLLM_PYTHON), "startup_timeout_s": 600})
+    eager(raw)["replay"]["vllm"].update({"python": str(VLLM_PYTHON), "startup_timeout_s": 600})
     raw["live"] = {"enabled": True, "policy": "fixed_h", "duration_s": 60, "warmup_s": 4}
     root.mkdir(parents=True, exist_ok=True)
     path = root / "params.yaml"

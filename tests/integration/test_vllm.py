@@ -19,15 +19,13 @@ import psutil
 import pytest
 import yaml
 
-from vllm_env import VLLM_PYTHON, require_vllm_python
+from vllm_env import VLLM_PYTHON, eager, require_vllm_python
 from syncsafe.config import load_params
 from syncsafe.schedules.schedule import read_schedule
 from syncsafe.schedules.stage import build_index, build_schedules
-from syncsafe.serving.interference import MergeInterference
-from syncsafe.serving.placement import CpuPlacement, allowed_cpus, cpu_list
 from syncsafe.serving.vllm_plan import check_span_budget
-from syncsafe.serving.vllm_replay import build_untrained_model, replay_vllm
-from syncsafe.serving.vllm_server import ServerError, VllmServer
+from syncsafe.serving.vllm_replay import replay_vllm, server_log_path
+from syncsafe.serving.vllm_server import ServerError
 from syncsafe.traces.stage import build_traces
 
 pytestmark = pytest.mark.slow
@@ -40,6 +38,7 @@ def make_project(root: Path, raw: dict, **vllm) -> Path:
     raw["schedules"].update({"random_draws": 1, "source": "harness"})
     raw["analysis"]["primary"]["policy"] = "fixed_h"  # the declared primary test must name a controller of this project
     raw["replay"]["vllm"].update({"python": str(VLLM_PYTHON), "startup_timeout_s": 600, **vllm})
+    eager(raw)
     root.mkdir(parents=True, exist_ok=True)
     path = root / "params.yaml"
     path.write_text(yaml.safe_dump(raw))
@@ -164,34 +163,26 @@ def test_merge_work_and_merge_flags_only_inside_windows(vllm_project):
         assert expected.any() == bool(starts)
 
 
-def test_server_merge_work_and_client_each_run_on_their_own_cpus(tmp_path, tiny_raw):
-    """The split as /proc shows it: every process of the server's tree and every merge worker on the server
-    CPUs, the client (this process, inside the pinned block) on the others."""
-    require_vllm_python()
-    params = load_params(make_project(tmp_path, tiny_raw()))
-    cfg = params.replay.vllm
-    placement = CpuPlacement.split(1)
-    assert placement.mode == "split", "CI machines have at least two CPUs"
-    model = build_untrained_model(params, tmp_path)
-    server = VllmServer(VLLM_PYTHON, model, tmp_path / "server.log", cfg.server_args, cfg.startup_timeout_s,
-                        cache_dir=tmp_path.parent / "vllm-cache", placement=placement)
-    before = allowed_cpus(os.getpid())
-    with placement.pinned_client(), server, MergeInterference("merge", 2, 10_000, placement=placement) as work:
-        tree = [server.pid, *(p.pid for p in psutil.Process(server.pid).children(recursive=True))]
-        assert len(tree) >= 2, "the API server and its engine core"
-        for pid in [*tree, *work.pids]:
-            assert allowed_cpus(pid) == cpu_list(placement.server), pid
-        assert allowed_cpus(os.getpid()) == cpu_list(placement.client)
-        assert set(placement.client).isdisjoint(placement.server)
-        log = (tmp_path / "server.log").read_text()
-        assert f"VLLM_CPU_OMP_THREADS_BIND='{cpu_list(placement.server)}'" in log
-    assert allowed_cpus(os.getpid()) == before, "the client's CPUs are given back"
+def test_server_merge_work_and_client_each_ran_on_their_own_cpus(vllm_project):
+    """The split as /proc showed it once the server and its merge work ran (every summary records it): every
+    process of the server's tree and every merge worker on the server CPUs, the client on the others."""
+    rows = pd.concat([_replays(vllm_project), _replays(vllm_project, "repeats.csv")])
+    for rec in rows.itertuples():
+        placement = _summary(vllm_project, rec.path)["placement"]
+        assert placement["mode"] == "split", "CI machines have at least two CPUs"
+        enacted = placement["enacted"]
+        assert len(enacted["background"]) >= 4, "the API server, its engine core and two merge workers"
+        assert set(enacted["background"].values()) == {placement["server_cpus"]}
+        assert enacted["client"] == placement["client_cpus"] != placement["server_cpus"]
+    server_cpus = _summary(vllm_project, rows.iloc[0]["path"])["placement"]["server_cpus"]
+    log = server_log_path(vllm_project).read_text()
+    assert f"VLLM_CPU_OMP_THREADS_BIND='{server_cpus}'" in log
 
 
 def test_a_replay_beside_a_cpu_hog_is_retried_then_marked_machine_busy(tmp_path, tiny_raw):
     require_vllm_python()
     params = load_params(make_project(tmp_path, tiny_raw(), engine_profile=False, budget_s=20, busy_retry_pause_s=1,
-                                      capacity_probe_s=2))
+                                      capacity_probe_s=2, warmup_s=0))
     # a foreign process, not a child of this one (the stage's own tree never counts): started through a shell
     # that exits at once, so it is adopted elsewhere
     started = subprocess.run(["sh", "-c", f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $!"],
@@ -234,7 +225,7 @@ def _group_members(pgid: int) -> list[int]:
 
 
 def test_a_server_that_dies_mid_run_fails_loudly_and_writes_no_summary(tmp_path, tiny_raw):
-    params = load_params(make_project(tmp_path, tiny_raw(), engine_profile=False, capacity_probe_s=2))
+    params = load_params(make_project(tmp_path, tiny_raw(), engine_profile=False, capacity_probe_s=2, warmup_s=0))
     out = tmp_path / "runs" / "replay-sets" / "vllm" / "bursty" / "seed-0"
 
     groups: list[int] = []

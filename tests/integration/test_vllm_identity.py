@@ -24,7 +24,7 @@ import pytest
 import yaml
 from aiohttp import web
 
-from vllm_env import VLLM_PYTHON, require_vllm_python
+from vllm_env import VLLM_PYTHON, eager, require_vllm_python
 from syncsafe.serving import vllm_server
 from syncsafe.serving.vllm_server import ServerError, VllmServer, served_models
 
@@ -126,7 +126,7 @@ def _project(root: Path, raw: dict) -> Path:
     """The tiny profile's params (`raw`, from the `tiny_raw` fixture): harness schedules, one draw."""
     raw["schedules"].update({"random_draws": 1, "source": "harness"})
     raw["replay"]["simulator"]["calibration"] = None
-    raw["replay"]["vllm"].update({"python": str(VLLM_PYTHON), "draws": 1, "warmup_s": 0, "startup_timeout_s": 900})
+    eager(raw)["replay"]["vllm"].update({"python": str(VLLM_PYTHON), "draws": 1, "warmup_s": 0, "startup_timeout_s": 900})
     root.mkdir(parents=True, exist_ok=True)
     path = root / "params.yaml"
     path.write_text(yaml.safe_dump(raw))

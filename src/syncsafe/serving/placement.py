@@ -18,7 +18,10 @@ this process may use are split (`CpuPlacement.split`):
 
 With fewer CPUs than `client_cpus + 1` nothing can be split; the server and
 merge work then run at a lower priority (`nice` +`BACKGROUND_NICE`) and the
-placement says so (`mode: "priority"`). Every replay records its placement.
+placement says so (`mode: "priority"`). Every replay records its placement,
+both as planned (`record`) and as /proc shows it once the server and merge
+work run (`enacted`: the CPU list of every one of their processes and of the
+client); a process found elsewhere fails the stage before anything is measured.
 """
 
 from __future__ import annotations
@@ -68,6 +71,23 @@ class CpuPlacement:
     def record(self) -> dict[str, object]:
         """What a replay summary and the plan record of the placement."""
         return {"mode": self.mode, "client_cpus": cpu_list(self.client), "server_cpus": cpu_list(self.server)}
+
+    def enacted(self, background: Sequence[int]) -> tuple[dict[str, object], list[str]]:
+        """The placement as /proc shows it now: the CPU list of each `background` process still running (the
+        server's tree, the merge workers) and of this process (the client), and what is not where this
+        placement puts it (empty when all is)."""
+        lists: dict[str, str] = {}
+        for pid in background:
+            try:
+                lists[str(pid)] = allowed_cpus(pid)
+            except FileNotFoundError:  # exited since it was listed: a dead server fails the stage elsewhere
+                continue
+        client = allowed_cpus(os.getpid())
+        misplaced = [f"process {pid} may run on CPUs {cpus}, not the server's {cpu_list(self.server)}"
+                     for pid, cpus in lists.items() if cpus != cpu_list(self.server)]
+        if client != cpu_list(self.client):
+            misplaced.append(f"the client may run on CPUs {client}, not its own {cpu_list(self.client)}")
+        return {"background": lists, "client": client}, misplaced
 
     # ------------------------------------------------------------------ the server and merge work
 

@@ -45,6 +45,8 @@ import urllib.request
 from pathlib import Path
 from types import FrameType, TracebackType
 
+import psutil
+
 from syncsafe.config import RESERVED_SERVER_ARGS
 from syncsafe.errors import BadInput
 from syncsafe.procs import ADDRESS_IN_USE, LOOPBACK, die_with_parent, free_port, log_tail, scratch_dir
@@ -145,6 +147,16 @@ class VllmServer:
     def pid(self) -> int | None:
         """The API server's process id (the leader of its process group) while it runs."""
         return None if self._proc is None else self._proc.pid
+
+    def tree(self) -> list[int]:
+        """The API server's pid and those of every process it started (engine core, workers); empty when stopped."""
+        if self._proc is None or self._proc.poll() is not None:
+            return []
+        try:
+            children = psutil.Process(self._proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+        return [self._proc.pid, *(child.pid for child in children)]
 
     @property
     def base_url(self) -> str:
