@@ -9,26 +9,29 @@ what they check (`tests/support/vllm_env.py`); this is where that trade is measu
 
     .venv/bin/python benchmarks/bench_vllm_start.py [--requests 30] [--root /tmp/bench-vllm-start]
 
+Run it from the repository root (`replay.vllm.python` is relative to it).
+
 Measure alone on the machine: latencies taken beside other work are not evidence.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import statistics
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
-import requests
 import yaml
 
 from syncsafe.config import load_params
 from syncsafe.profiles import compose_file
 from syncsafe.serving.placement import CpuPlacement
 from syncsafe.serving.vllm_replay import build_untrained_model
-from syncsafe.serving.vllm_server import VllmServer
+from syncsafe.serving.vllm_server import VllmServer, resolve_python
 
 REPO = Path(__file__).resolve().parents[1]
 WARMUP_REQUESTS = 5
@@ -42,19 +45,21 @@ def measure(root: Path, extra_args: list[str], n_requests: int) -> dict[str, flo
     params = load_params(root / "params.yaml")
     model = build_untrained_model(params, root)
     placement = CpuPlacement.split(params.replay.vllm.client_cpus)
-    server = VllmServer(REPO / ".venv-vllm" / "bin" / "python", model, root / "server.log",
+    server = VllmServer(resolve_python(params.replay.vllm.python), model, root / "server.log",
                         [*params.replay.vllm.server_args, *extra_args], 900, cache_dir=root / "vllm-cache",
                         placement=placement, scratch_root=root)
     started = time.monotonic()
     with placement.pinned_client(), server:
         ready_s = time.monotonic() - started
+        body = {"model": server.served_name, "prompt": list(range(3, 51)), "max_tokens": 24, "ignore_eos": True,
+                "temperature": 0.0}
+        request = urllib.request.Request(f"{server.base_url}/v1/completions", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
         e2e_ms = []
         for _ in range(n_requests):
             sent = time.monotonic()
-            reply = requests.post(f"{server.base_url}/v1/completions", timeout=60, json={
-                "model": server.served_name, "prompt": list(range(3, 51)), "max_tokens": 24, "ignore_eos": True,
-                "temperature": 0.0})
-            reply.raise_for_status()
+            with urllib.request.urlopen(request, timeout=60) as reply:  # raises on an HTTP error
+                reply.read()
             e2e_ms.append((time.monotonic() - sent) * 1000.0)
     kept = e2e_ms[WARMUP_REQUESTS:]
     return {"ready_s": ready_s, "median_ms": statistics.median(kept), "min_ms": min(kept)}

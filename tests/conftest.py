@@ -65,15 +65,9 @@ def _no_tracking(monkeypatch, request):
         monkeypatch.setenv("SYNCSAFE_TRACKING", "off")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def repo_root() -> Path:
     return REPO
-
-
-@pytest.fixture(scope="session")
-def raw_params_factory():
-    """A factory of fresh `small_raw_params()`, for module-scoped fixtures."""
-    return small_raw_params
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from vllm_env import EAGER, VLLM_PYTHON, require_vllm_python
+from vllm_env import VLLM_PYTHON, eager, require_vllm_python
 from syncsafe.cli import app
 from syncsafe.config import VllmReplay, parse_params
 from syncsafe.diloco.hub import local_island_texts, resolve_model
@@ -137,9 +137,10 @@ def _gpu_params(tmp_path: Path) -> Path:
     })  # fmt: skip
     raw["replay"]["simulator"] = {**raw["replay"].get("simulator", {}), "calibration": None}
     vllm = {"python": str(VLLM_PYTHON), "regimes": ["bursty"], "seeds": [0], "draws": 1, "span_s": 40,
-            "warmup_s": 0, "startup_timeout_s": 900, "server_args": [*VllmReplay().server_args, EAGER], "engine_profile": False,
+            "warmup_s": 0, "startup_timeout_s": 900, "server_args": VllmReplay().server_args, "engine_profile": False,
             "capacity_probe_s": 2}
     raw["replay"]["vllm"].update({k: v for k, v in vllm.items() if k in VllmReplay.model_fields})
+    eager(raw)
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path

@@ -1,21 +1,17 @@
 """`syncsafe run` on a fresh copy: the outputs `dvc repro` writes, byte for byte, recorded so that `dvc repro`
-afterwards has nothing to do; a failed item stops what depends on it and names itself. The `dvc repro` copy
-then switches the real vLLM arm on: `dvc repro` runs only what reads it, then has nothing to do."""
+afterwards has nothing to do; a failed item stops what depends on it and names itself."""
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 
-import pandas as pd
 import pytest
 import yaml
 from project_copy import tracked_copy
-from vllm_env import VLLM_PYTHON, require_vllm_python
 
 pytestmark = pytest.mark.slow
 
@@ -46,18 +42,7 @@ def _outs(project: Path) -> dict[str, dict[str, str]]:
     return {name: {o["path"]: o["md5"] for o in body.get("outs", [])} for name, body in stages.items()}
 
 
-@pytest.fixture(scope="module")
-def reproduced(tmp_path_factory, repo_root, raw_params_factory) -> tuple[Path, dict[str, dict[str, str]]]:
-    """A fresh copy after `dvc repro` (no real server), and its outputs' hashes as that first repro left them."""
-    theirs = _project(repo_root, tmp_path_factory.mktemp("repro"), raw_params_factory())
-    repro = _run(theirs, "dvc", "repro")
-    assert repro.returncode == 0, repro.stdout + repro.stderr
-    assert "Running stage 'train@steady'" in repro.stdout and "Running stage 'schedules@steady'" in repro.stdout
-    return theirs, _outs(theirs)
-
-
-def test_the_runner_writes_what_dvc_repro_writes_and_leaves_it_nothing_to_do(tmp_path, repo_root, raw_params,
-                                                                             reproduced):
+def test_the_runner_writes_what_dvc_repro_writes_and_leaves_it_nothing_to_do(tmp_path, repo_root, raw_params):
     ours = _project(repo_root, tmp_path / "runner", raw_params)
     done = _run(ours, sys.executable, "-m", "syncsafe.cli", "run", "--jobs", "2",
                 env={"SYNCSAFE_TRACKING": "on", "MLFLOW_TRACKING_URI": ""})
@@ -79,42 +64,11 @@ def test_the_runner_writes_what_dvc_repro_writes_and_leaves_it_nothing_to_do(tmp
     again = _run(ours, "dvc", "repro")
     assert again.returncode == 0 and "Running stage" not in again.stdout
     assert "0 of 15 stage items to run" in _run(ours, sys.executable, "-m", "syncsafe.cli", "run").stdout
-    assert _outs(ours) == reproduced[1]  # every output of `dvc repro` in a fresh copy, report included, byte for byte
 
-
-def test_dvc_repro_with_the_real_vllm_arm_reruns_what_reads_it_then_has_nothing_to_do(reproduced, repo_root):
-    """The whole dvc.yaml has run (the fixture, real training included); the real arm switched on, `dvc repro`
-    serves the trained export on the real vLLM server and recomputes what reads its replays, nothing upstream."""
-    require_vllm_python()
-    project = reproduced[0]
-    raw = yaml.safe_load((project / "params.yaml").read_text())
-    # the real vLLM server, briefly: a plan of about a minute of replays, the primary and fixed_h, one draw each;
-    # the shipped server_args (graph capture included)
-    raw["replay"]["vllm"].update({"enabled": True, "python": str(VLLM_PYTHON), "regimes": ["bursty"],
-                                  "policies": ["fixed_h"], "draws": 1, "budget_s": 60, "capacity_probe_s": 2})
-    (project / "params.yaml").write_text(yaml.safe_dump(raw))
-    first = _run(project, "dvc", "repro")
-    assert first.returncode == 0, first.stdout + first.stderr
-    assert "Running stage 'replay-vllm'" in first.stdout
-    assert "Running stage 'train@" not in first.stdout and "Running stage 'schedules@" not in first.stdout
-    index = pd.read_csv(project / "runs" / "schedules" / "index.csv")
-    assert set(index.loc[index["matched_to"].isna() & (index["policy"] != "no_sync"), "source"]) == {"train"}
-    replays = pd.read_csv(project / "runs" / "replay" / "index.csv")
-    assert set(replays["backend"]) == {"simulator", "vllm"}
-    # the first no-sync control and every planned controller with its span-matched draws; the later
-    # no-sync controls are listed in runs/replay-sets/vllm/repeats.csv
-    plan = json.loads((project / "runs" / "replay-sets" / "vllm" / "plan.json").read_text())["regimes"]["bursty"]
-    assert plan["controllers"][0] == "wa_diloco"
-    assert len(replays[replays["backend"] == "vllm"]) == 1 + len(plan["controllers"]) * (1 + plan["draws"])
-    assert len(pd.read_csv(project / "runs" / "replay-sets" / "vllm" / "repeats.csv")) == plan["controls"] - 1
-    assert (project / "runs" / "calibration" / "mechanism.json").is_file()
-    table = pd.read_csv(project / "reports" / "policy_table.csv")
-    assert set(table["policy"]) == {"fixed_h", "wa_diloco", "no_sync"}  # references are columns of their controller
-    assert "## Real replays (vLLM)" in (project / "reports" / "report.md").read_text()
-    second = _run(project, "dvc", "repro")
-    assert second.returncode == 0
-    assert "Running stage" not in second.stdout
-    assert "up to date" in second.stdout
+    theirs = _project(repo_root, tmp_path / "repro", raw_params)
+    repro = _run(theirs, "dvc", "repro")
+    assert repro.returncode == 0, repro.stdout + repro.stderr
+    assert _outs(ours) == _outs(theirs)  # every output, report included, byte for byte
 
 
 def test_a_failed_item_names_itself_and_nothing_that_reads_it_starts(tmp_path, repo_root, raw_params):

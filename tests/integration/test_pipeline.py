@@ -1,5 +1,4 @@
-"""The traces -> schedules pipeline through the CLI. (`dvc repro` in a fresh copy, the real vLLM arm included:
-test_parallel_run_pipeline.py.)"""
+"""The traces -> schedules pipeline through the CLI, and `dvc repro` in a fresh copy."""
 
 from __future__ import annotations
 
@@ -19,6 +18,7 @@ from syncsafe.cli import app
 from syncsafe.config import CONTROLLER_POLICIES
 from syncsafe.schedules.schedule import LoadIntegral, busy_overlap_s, read_schedule
 from syncsafe.traces.stage import load_timeline
+from project_copy import tracked_copy
 
 INDEX_COLUMNS = ["regime", "policy", "seed", "draw", "matched_to", "source", "n_merges", "path"]
 
@@ -137,6 +137,48 @@ def test_import_trace_command(tmp_path, cli):
     assert pd.read_parquet(out)["arrival_s"].tolist() == [0.0, 6.0]
     bad = CliRunner().invoke(app, ["import-trace", "azure", str(src), "--out", str(tmp_path / "x.parquet")])
     assert bad.exit_code == 2 and "TIMESTAMP" in bad.output and not (tmp_path / "x.parquet").exists()
+
+
+@pytest.mark.slow
+def test_dvc_repro_in_a_fresh_copy_then_nothing_to_do(tmp_path, repo_root, raw_params):
+    """The whole dvc.yaml, real training and a real vLLM replay included, then a no-op second repro."""
+    project = tracked_copy(repo_root, tmp_path / "clone")
+    raw_params["seeds"] = [0]
+    raw_params["regimes"] = {k: {**v, "duration_s": 120} for k, v in raw_params["regimes"].items() if k in ("bursty", "steady")}
+    raw_params["replay"]["vllm"]["regimes"] = ["bursty"]
+    raw_params["control"]["policies"] = ["fixed_h", "wa_diloco"]
+    raw_params["schedules"]["source"] = "train"
+    raw_params["train"].update({"corpus_bytes": 300_000, "eval_batches": 2})
+    # the real vLLM server, briefly: a plan of about a minute of replays, the primary and fixed_h, one draw each
+    raw_params["replay"]["vllm"].update({"python": str(repo_root / ".venv-vllm" / "bin" / "python"),
+                                         "regimes": ["bursty"], "policies": ["fixed_h"], "draws": 1, "budget_s": 60,
+                                         "capacity_probe_s": 2})
+    (project / "params.yaml").write_text(yaml.safe_dump(raw_params))
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    run = lambda *a: subprocess.run(a, cwd=project, env=env, capture_output=True, text=True, timeout=1500)  # noqa: E731
+    for cmd in (["git", "init", "-q"], ["git", "add", "-A"]):
+        assert run(*cmd).returncode == 0
+    first = run("dvc", "repro")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "Running stage 'train@steady'" in first.stdout and "Running stage 'schedules@steady'" in first.stdout
+    index = pd.read_csv(project / "runs" / "schedules" / "index.csv")
+    assert set(index.loc[index["matched_to"].isna() & (index["policy"] != "no_sync"), "source"]) == {"train"}
+    replays = pd.read_csv(project / "runs" / "replay" / "index.csv")
+    assert set(replays["backend"]) == {"simulator", "vllm"}
+    # the first no-sync control and every planned controller with its span-matched draws; the later
+    # no-sync controls are listed in runs/replay-sets/vllm/repeats.csv
+    plan = json.loads((project / "runs" / "replay-sets" / "vllm" / "plan.json").read_text())["regimes"]["bursty"]
+    assert plan["controllers"][0] == "wa_diloco"
+    assert len(replays[replays["backend"] == "vllm"]) == 1 + len(plan["controllers"]) * (1 + plan["draws"])
+    assert len(pd.read_csv(project / "runs" / "replay-sets" / "vllm" / "repeats.csv")) == plan["controls"] - 1
+    assert (project / "runs" / "calibration" / "mechanism.json").is_file()
+    table = pd.read_csv(project / "reports" / "policy_table.csv")
+    assert set(table["policy"]) == {"fixed_h", "wa_diloco", "no_sync"}  # references are columns of their controller
+    assert "## Real replays (vLLM)" in (project / "reports" / "report.md").read_text()
+    second = run("dvc", "repro")
+    assert second.returncode == 0
+    assert "Running stage" not in second.stdout
+    assert "up to date" in second.stdout
 
 
 def test_dvc_yaml_command_writes_the_render_and_check_names_a_stage_that_differs(tmp_path, cli):

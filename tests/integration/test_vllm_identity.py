@@ -126,7 +126,8 @@ def _project(root: Path, raw: dict) -> Path:
     """The tiny profile's params (`raw`, from the `tiny_raw` fixture): harness schedules, one draw."""
     raw["schedules"].update({"random_draws": 1, "source": "harness"})
     raw["replay"]["simulator"]["calibration"] = None
-    eager(raw)["replay"]["vllm"].update({"python": str(VLLM_PYTHON), "draws": 1, "warmup_s": 0, "startup_timeout_s": 900})
+    eager(raw)["replay"]["vllm"].update({"python": str(VLLM_PYTHON), "draws": 1, "warmup_s": 0,
+                                         "startup_timeout_s": 900})
     root.mkdir(parents=True, exist_ok=True)
     path = root / "params.yaml"
     path.write_text(yaml.safe_dump(raw))

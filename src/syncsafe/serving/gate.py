@@ -99,7 +99,7 @@ def gate_statistic(pairs: GatePairs) -> tuple[float | None, float | None, float 
 
 
 def _gate_of(sync: float | None, drift: float | None) -> tuple[float | None, float | None, float | None]:
-    if sync is None or drift is None:
+    if sync is None or drift is None or drift <= 0:  # a zero drift ratio (other's p95 of 0 ms) defines no gate
         return sync, drift, None
     return sync, drift, sync / max(drift, 1.0 / drift)
 

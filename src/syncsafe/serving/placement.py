@@ -19,9 +19,9 @@ this process may use are split (`CpuPlacement.split`):
 With fewer CPUs than `client_cpus + 1` nothing can be split; the server and
 merge work then run at a lower priority (`nice` +`BACKGROUND_NICE`) and the
 placement says so (`mode: "priority"`). Every replay records its placement,
-both as planned (`record`) and as /proc shows it once the server and merge
-work run (`enacted`: the CPU list of every one of their processes and of the
-client); a process found elsewhere fails the stage before anything is measured.
+both as planned (`record`) and as /proc shows it when the replay starts
+(`enacted`: the CPUs of every server process, merge worker and of the client);
+a process found elsewhere fails the stage before that replay is measured.
 """
 
 from __future__ import annotations
@@ -72,22 +72,37 @@ class CpuPlacement:
         """What a replay summary and the plan record of the placement."""
         return {"mode": self.mode, "client_cpus": cpu_list(self.client), "server_cpus": cpu_list(self.server)}
 
-    def enacted(self, background: Sequence[int]) -> tuple[dict[str, object], list[str]]:
-        """The placement as /proc shows it now: the CPU list of each `background` process still running (the
-        server's tree, the merge workers) and of this process (the client), and what is not where this
-        placement puts it (empty when all is)."""
-        lists: dict[str, str] = {}
-        for pid in background:
-            try:
-                lists[str(pid)] = allowed_cpus(pid)
-            except FileNotFoundError:  # exited since it was listed: a dead server fails the stage elsewhere
-                continue
-        client = allowed_cpus(os.getpid())
-        misplaced = [f"process {pid} may run on CPUs {cpus}, not the server's {cpu_list(self.server)}"
-                     for pid, cpus in lists.items() if cpus != cpu_list(self.server)]
+    def enacted(self, server: Sequence[int], merge: Sequence[int]) -> tuple[dict[str, object], list[str]]:
+        """The placement as /proc shows it now, and what is not where this placement puts it (empty when all is).
+
+        `server`: the server's processes, `merge`: the merge workers. Each must run on server CPUs only (a
+        subset: vLLM's OpenMP binding may pin a worker's main thread to one of them) and, in priority mode, at
+        least `BACKGROUND_NICE` lower than the default; this process (the client) on exactly its CPUs. The
+        record holds every process's CPU list (and niceness in priority mode); a process that exited since it
+        was listed is left out (a dead server fails the stage on its own).
+        """
+        record: dict[str, object] = {}
+        misplaced: list[str] = []
+        for role, pids in (("server", server), ("merge", merge)):
+            seen: dict[str, object] = {}
+            for pid in pids:
+                try:
+                    cpus = allowed_cpus(pid)
+                    nice = os.getpriority(os.PRIO_PROCESS, pid)
+                except (FileNotFoundError, ProcessLookupError):
+                    continue
+                seen[str(pid)] = cpus if self.mode == "split" else {"cpus": cpus, "nice": nice}
+                if not parse_cpu_list(cpus) <= set(self.server):
+                    misplaced.append(f"{role} process {pid} may run on CPUs {cpus}, beyond the server's "
+                                     f"{cpu_list(self.server)}")
+                if self.mode == "priority" and nice < BACKGROUND_NICE:
+                    misplaced.append(f"{role} process {pid} runs at nice {nice}, below {BACKGROUND_NICE}: it would "
+                                     "not yield to the client")
+            record[role] = seen
+        record["client"] = client = allowed_cpus(os.getpid())
         if client != cpu_list(self.client):
             misplaced.append(f"the client may run on CPUs {client}, not its own {cpu_list(self.client)}")
-        return {"background": lists, "client": client}, misplaced
+        return record, misplaced
 
     # ------------------------------------------------------------------ the server and merge work
 
@@ -122,6 +137,15 @@ class CpuPlacement:
             yield self
         finally:
             os.sched_setaffinity(0, before)
+
+
+def parse_cpu_list(text: str) -> set[int]:
+    """`"0-2,5"` -> `{0, 1, 2, 5}` (the inverse of `cpu_list`)."""
+    cpus: set[int] = set()
+    for part in filter(None, text.split(",")):
+        first, _, last = part.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
 
 
 def allowed_cpus(pid: int) -> str:

@@ -186,10 +186,14 @@ class RealArm:
         self.params, self.cfg, self.root = params, params.replay.vllm, Path(root)
         self.server, self.work, self.placement = server, work, placement
         self.model, self.vocab = model, vocab
-        # the placement as /proc shows it, once the server and its merge work run: wrong, nothing is measured
-        self.enacted, misplaced = placement.enacted([*server.tree(), *work.pids])
+        self.enacted()  # before anything is measured
+
+    def enacted(self) -> dict[str, object]:
+        """The placement as /proc shows it now (`CpuPlacement.enacted`); a misplaced process fails the stage."""
+        seen, misplaced = self.placement.enacted(self.server.tree(), self.work.pids)
         if misplaced:
-            raise ServerError(f"CPU placement not enacted ({placement.mode}): {'; '.join(misplaced)}")
+            raise ServerError(f"CPU placement not enacted ({self.placement.mode}): {'; '.join(misplaced)}")
+        return seen
 
     def send(self, requests: pd.DataFrame, start_epoch: float, time_scale: float = 1.0, seed: int = 0) -> pd.DataFrame:
         cfg = self.cfg
@@ -275,6 +279,7 @@ class RealArm:
         """One planned replay, retried once when the machine was busy; its summary (written last)."""
         cfg = self.cfg
         attempts, began = 0, time.monotonic()
+        placement = {**self.placement.record(), "enacted": self.enacted()}
         while True:
             attempts += 1
             raw, worked, scraper, foreign, start = self.replay_once(item, requests, plan)
@@ -298,7 +303,7 @@ class RealArm:
         counted = span_count(item.schedule.merge_starts_s, item.schedule.window_s, plan.span_s)
         return write_replay(item.out, results, slo, self.params, {
             "backend": "vllm", "model": str(self.model), "time_scale": plan.time_scale, "span_s": plan.span_s,
-            "utilisation": load_utilisation, "interference": cfg.interference, "placement": {**self.placement.record(), "enacted": self.enacted},
+            "utilisation": load_utilisation, "interference": cfg.interference, "placement": placement,
             "position": item.position, "control": item.control, "attempts": attempts,
             "wall_s": time.monotonic() - began,
             "span_merges": counted.merges, "span_cut": counted.cut,

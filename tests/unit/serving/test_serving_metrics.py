@@ -110,7 +110,7 @@ def test_bad_summary_inputs_are_refused():
     assert tuple(table().columns) == REQUEST_RESULT_COLUMNS
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 20, 21, 101, 1000])
+@pytest.mark.parametrize("n", [1, 2, 3, 11, 20, 21, 31, 101, 1000])  # 11, 31: the index falls on k + 0.5
 def test_p95_of_rows_is_numpys_percentile_exactly(n):
     values = np.random.default_rng(n).lognormal(size=(3, n))
     assert np.array_equal(p95_rows(values), np.percentile(values, 95, axis=1))
