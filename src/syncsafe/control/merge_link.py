@@ -24,7 +24,6 @@ from typing import Annotated
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
-from scipy import stats
 
 #: Network pressure is capped here: a link that other traffic fills completely would make a merge endless.
 MAX_NETWORK_PRESSURE = 0.95
@@ -93,6 +92,8 @@ def fit_merge_link(measurements: list[LinkMeasurement], payload_bytes: int, isla
                          f"(got {sorted({m.rate_mbit for m in limited})})")
     x = np.array([model_comm_s(payload_bytes, islands, m.rate_mbit, m.delay_ms) for m in limited])
     y = np.array([m.median_s for m in limited])
+    from scipy import stats  # here, not at import: every stage that prices a merge imports this module
+
     fit = stats.linregress(x, y)
     if not fit.slope > 0:
         raise ValueError(f"merge time does not grow with the time on the wire (slope {fit.slope:.3g}): "
