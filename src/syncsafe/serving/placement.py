@@ -76,8 +76,8 @@ class CpuPlacement:
         """The placement as /proc shows it now, and what is not where this placement puts it (empty when all is).
 
         `server`: the server's processes, `merge`: the merge workers. Each must run on server CPUs only (a
-        subset: vLLM's OpenMP binding may pin a worker's main thread to one of them) and, in priority mode, at
-        least `BACKGROUND_NICE` lower than the default; this process (the client) on exactly its CPUs. The
+        subset: vLLM's OpenMP binding may pin a worker's main thread to one of them) and, in priority mode, at a
+        niceness of `BACKGROUND_NICE` or more (a lower priority); this process (the client) on exactly its CPUs. The
         record holds every process's CPU list (and niceness in priority mode); a process that exited since it
         was listed is left out (a dead server fails the stage on its own).
         """
