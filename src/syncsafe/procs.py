@@ -1,6 +1,6 @@
 """Small helpers for the subprocesses stages launch: loopback ports and listening sockets, a log's
 tail, a loopback-only torch.distributed store, scratch folders reaped once their process is gone,
-and tying a child's life to its parent's.
+a process's descendants, and tying a child's life to its parent's.
 
 On one machine every listening socket the pipeline opens is on 127.0.0.1:
 `LOOPBACK_ENV` is what island and interference processes get (gloo binds to
@@ -20,6 +20,8 @@ import tempfile
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from syncsafe.artifacts import layout
 
@@ -116,6 +118,14 @@ def reap_scratch(root: Path) -> list[Path]:
 def _owner(name: str) -> int | None:
     parts = name.split("-")
     return int(parts[1]) if len(parts) >= 3 and parts[1].isdigit() else None
+
+
+def descendants(pid: int) -> list[psutil.Process]:
+    """Every process below `pid` (its children, theirs, ...); empty once `pid` is gone."""
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
 
 
 def _alive(pid: int) -> bool:

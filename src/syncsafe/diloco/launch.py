@@ -34,7 +34,7 @@ from syncsafe.diloco.resources import prepare_tokenizer
 from syncsafe.diloco.run import TRAIN_LOG_DIR, is_complete, train_dir
 from syncsafe.diloco.worker import BAD_INPUT_MARK
 from syncsafe.errors import EXIT_BAD_INPUT, EXIT_ISLAND_LOST, BadInput
-from syncsafe.procs import LOOPBACK_ENV, STORE_FD_ENV, die_with_parent, listening_socket, log_tail
+from syncsafe.procs import LOOPBACK_ENV, STORE_FD_ENV, descendants, die_with_parent, listening_socket, log_tail
 
 GRACE_S = 10.0
 #: The module every island process runs (here, under torchrun, or any launcher).
@@ -52,11 +52,7 @@ def is_island_process(proc: psutil.Process) -> bool:
 
 def island_processes(pid: int) -> list[psutil.Process]:
     """The island processes below process `pid` (a stage, a torchrun agent)."""
-    try:
-        children = psutil.Process(pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return []
-    return [child for child in children if is_island_process(child)]
+    return [child for child in descendants(pid) if is_island_process(child)]
 
 
 class IslandLost(RuntimeError):

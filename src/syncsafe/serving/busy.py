@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import psutil
 
 from syncsafe import timebase
+from syncsafe.procs import descendants
 
 #: kthreadd: the parent of every kernel thread.
 KTHREADD_PID = 2
@@ -61,11 +62,7 @@ class ForeignCpuMonitor:
         self._ended: float | None = None
 
     def _own(self) -> set[int]:
-        try:
-            me = psutil.Process(self.own_pid)
-            return {self.own_pid, *(p.pid for p in me.children(recursive=True))}
-        except psutil.NoSuchProcess:
-            return {self.own_pid}
+        return {self.own_pid, *(p.pid for p in descendants(self.own_pid))}
 
     def _sample(self, first: bool = False) -> None:
         own = self._own()

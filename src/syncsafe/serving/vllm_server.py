@@ -45,11 +45,9 @@ import urllib.request
 from pathlib import Path
 from types import FrameType, TracebackType
 
-import psutil
-
 from syncsafe.config import RESERVED_SERVER_ARGS
 from syncsafe.errors import BadInput
-from syncsafe.procs import ADDRESS_IN_USE, LOOPBACK, die_with_parent, free_port, log_tail, scratch_dir
+from syncsafe.procs import ADDRESS_IN_USE, LOOPBACK, descendants, die_with_parent, free_port, log_tail, scratch_dir
 from syncsafe.serving.placement import CpuPlacement
 
 GRACE_S = 15.0
@@ -152,11 +150,7 @@ class VllmServer:
         """The API server's pid and those of every process it started (engine core, workers); empty when stopped."""
         if self._proc is None or self._proc.poll() is not None:
             return []
-        try:
-            children = psutil.Process(self._proc.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            return []
-        return [self._proc.pid, *(child.pid for child in children)]
+        return [self._proc.pid, *(child.pid for child in descendants(self._proc.pid))]
 
     @property
     def base_url(self) -> str:
