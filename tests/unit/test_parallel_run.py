@@ -110,3 +110,17 @@ def test_time_left_uses_the_bar_then_siblings_and_counts_what_was_never_timed(it
     assert "train@bursty 40/80" in fragments[0]
     progress.finished(train_b, 180.0)  # a finished sibling's wall wins over a projection
     assert progress.estimate(train_s) == 180.0
+
+
+def test_the_real_arm_never_timed_shows_its_declared_wall_not_zero(items, tmp_path: Path, raw_params):
+    params = parse_params(raw_params)
+    replay = items["replay-vllm"]
+    cfg = params.replay.vllm
+    assert replay.declared_s is not None and replay.declared_s >= cfg.budget_s + cfg.warmup_max_s
+    progress = Progress(jobs=2, timings={})
+    log = tmp_path / "replay.log"
+    log.write_text("replay vllm: measuring the server's capacity for bursty\n")  # no bar yet
+    left, untimed, _ = progress.left([(replay, log, 60.0)], [])
+    assert untimed == 0 and left == pytest.approx(replay.declared_s - 60.0)
+    assert Progress(jobs=2, timings={"replay-vllm": 500.0}).estimate(replay) == 500.0  # a timing wins
+    assert all(i.declared_s is None for n, i in items.items() if n != "replay-vllm")

@@ -53,6 +53,9 @@ class StageSpec:
     notes: tuple[str, ...] = ()  # comment lines for dvc.yaml
     metrics: tuple[str, ...] = ()  # DVC metrics files (not cached)
     plots: tuple[Plot, ...] = ()
+    # "module:function" of params -> the wall seconds the stage declares it takes (its budget), for the
+    # time left of `syncsafe run` before the stage was ever timed on this machine
+    declared_wall: str | None = None
 
     @property
     def per_regime(self) -> bool:
@@ -139,6 +142,7 @@ STAGES: tuple[StageSpec, ...] = (
         queue="gpu",
         system_metrics=True,
         exclusive=True,
+        declared_wall="syncsafe.serving.vllm_plan:declared_wall_s",
     ),
     StageSpec(
         name="calibrate-fit",

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import json
 import math
 import os
@@ -59,6 +60,7 @@ class Item:
     after: frozenset[str] = field(default=frozenset(), compare=False)  # names of the items it reads from
     cores: int = 1
     alone: bool = False  # an exclusive stage that does its work (not switched off)
+    declared_s: float | None = field(default=None, compare=False)  # the wall its stage declares (its budget)
 
     @property
     def name(self) -> str:
@@ -87,7 +89,11 @@ def plan(params: Params, stages: Sequence[StageSpec] = STAGES) -> list[Item]:
                           and any(overlaps(i, out) for i in item.inputs for out in o.outputs))
         cores = math.prod(int(param(params, k)) for k in item.spec.cores)
         alone = item.spec.exclusive and switched_on(item.spec, params)
-        items.append(Item(item.spec, item.regime, after, max(1, cores), alone))
+        declared = None
+        if item.spec.declared_wall and switched_on(item.spec, params):
+            module, _, function = item.spec.declared_wall.partition(":")
+            declared = float(getattr(importlib.import_module(module), function)(params))
+        items.append(Item(item.spec, item.regime, after, max(1, cores), alone, declared))
     return items
 
 

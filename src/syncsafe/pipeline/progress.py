@@ -2,7 +2,8 @@
 
 A running item's progress is the last state of the tqdm bar in its log (count and its own estimate of
 the time left). An item not yet started is estimated from this run's finished or running items of the
-same stage, else from the last run's timings (logs/run/timings.json); an item of a stage never timed
+same stage, else from the last run's timings (logs/run/timings.json), else from the wall its stage
+declares (the real arm: its budget, `StageSpec.declared_wall`); any other item of a stage never timed
 is left out of the estimate and counted as such. The time left is the larger of the longest running
 item's and the remaining core-seconds spread over the cores.
 
@@ -103,7 +104,8 @@ class Progress:
             return statistics.fmean(walls)
         if item.spec.name in self.projected:
             return self.projected[item.spec.name]
-        return self.timings.get(item.name)
+        timed = self.timings.get(item.name)
+        return timed if timed is not None else item.declared_s
 
     def left(self, running: Sequence[tuple[Item, Path, float]], pending: Sequence[Item]) -> tuple[float, int, list[str]]:
         """(seconds left, items not timed, one status fragment per running item)."""
