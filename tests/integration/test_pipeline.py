@@ -151,8 +151,9 @@ def test_dvc_repro_in_a_fresh_copy_then_nothing_to_do(tmp_path, repo_root, raw_p
     raw_params["train"].update({"corpus_bytes": 300_000, "eval_batches": 2})
     # the real vLLM server, briefly: a plan of about a minute of replays, the primary and fixed_h, one draw each
     raw_params["replay"]["vllm"].update({"python": str(repo_root / ".venv-vllm" / "bin" / "python"),
-                                         "regimes": ["bursty"], "policies": ["fixed_h"], "draws": 1, "budget_s": 60,
-                                         "capacity_probe_s": 2})
+                                         "regimes": ["bursty"], "policies": ["fixed_h"], "draws": 1, "budget_s": 100,
+                                         "capacity_probe_s": 2, "span_s": 30, "warmup_max_s": 30,
+                                         "min_requests": 60, "min_merge_active": 5})
     (project / "params.yaml").write_text(yaml.safe_dump(raw_params))
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     run = lambda *a: subprocess.run(a, cwd=project, env=env, capture_output=True, text=True, timeout=1500)  # noqa: E731
@@ -169,7 +170,7 @@ def test_dvc_repro_in_a_fresh_copy_then_nothing_to_do(tmp_path, repo_root, raw_p
     # no-sync controls are listed in runs/replay-sets/vllm/repeats.csv
     plan = json.loads((project / "runs" / "replay-sets" / "vllm" / "plan.json").read_text())["regimes"]["bursty"]
     assert plan["controllers"][0] == "wa_diloco"
-    assert len(replays[replays["backend"] == "vllm"]) == 1 + len(plan["controllers"]) * (1 + plan["draws"])
+    assert len(replays[replays["backend"] == "vllm"]) == 1 + len(plan["controllers"]) * (2 + plan["draws"])
     assert len(pd.read_csv(project / "runs" / "replay-sets" / "vllm" / "repeats.csv")) == plan["controls"] - 1
     assert (project / "runs" / "calibration" / "mechanism.json").is_file()
     table = pd.read_csv(project / "reports" / "policy_table.csv")

@@ -25,6 +25,7 @@ from syncsafe.schedules.schedule import read_schedule
 from syncsafe.schedules.stage import build_index, build_schedules
 from syncsafe.serving.placement import parse_cpu_list
 from syncsafe.serving.vllm_plan import check_span_budget
+from syncsafe.serving.capacity import CONFIRM_REPEATS, coarse_time_scale
 from syncsafe.serving.vllm_replay import replay_vllm, server_log_path
 from syncsafe.serving.vllm_server import ServerError
 from syncsafe.traces.stage import build_traces
@@ -68,7 +69,7 @@ def _summary(root: Path, rel: str) -> dict:
 
 def test_real_server_answers_an_open_loop_replay(vllm_project):
     index = _replays(vllm_project)
-    assert sorted(index["policy"]) == ["fixed_h", "matched_random", "no_sync"]
+    assert sorted(index["policy"]) == ["even_cadence", "fixed_h", "matched_random", "no_sync"]
     for rec in pd.concat([index, _replays(vllm_project, "repeats.csv")]).itertuples():
         requests = pd.read_parquet(vllm_project / rec.path / "requests.parquet")
         assert len(requests) > 20 and (requests["error"] == "").all()
@@ -90,10 +91,15 @@ def test_the_capacity_search_ran_on_the_real_server_and_set_the_declared_utilisa
     load = plan["loads"]["bursty"]
     probes = load["probes"]
     assert probes[0]["sustained"] and any(not p["sustained"] for p in probes), "the search crossed the knee"
-    assert load["capacity_rps"] == max(p["rate_rps"] for p in probes if p["sustained"])
+    capacity = load["capacity_rps"]
+    assert capacity <= max(p["rate_rps"] for p in probes if p["sustained"])
+    at_capacity = [p for p in probes if p["rate_rps"] == capacity]
+    assert capacity == probes[0]["rate_rps"] or (len(at_capacity) >= CONFIRM_REPEATS
+                                                 and all(p["sustained"] for p in at_capacity[-CONFIRM_REPEATS:])), \
+        "the capacity is a rate every confirmation repeat sustained"
     assert load["ttft_bound_ms"] == pytest.approx(3.0 * probes[0]["ttft_p95_ms"])
-    assert load["utilisation"] == pytest.approx(0.7) and load["time_scale"] == pytest.approx(
-        0.7 * load["capacity_rps"] / load["peak_rate"])
+    assert load["time_scale"] == coarse_time_scale(0.7 * capacity / load["peak_rate"])
+    assert 0.7 * 0.75 <= load["utilisation"] <= 0.7 + 1e-9  # at most one grid step below the target
     assert len(load["noise_log_ratios"]) > 10
     regime = plan["regimes"]["bursty"]
     assert regime["time_scale"] == load["time_scale"] and 0.0 <= regime["power"] <= 1.0
@@ -116,14 +122,23 @@ def test_every_real_draw_is_count_matched_in_the_replayed_span(vllm_project):
             "span_merges"]
 
 
-def test_no_sync_controls_are_interleaved_first_middle_and_last(vllm_project):
+def test_replays_ran_in_blocks_each_with_a_no_sync_control_and_the_slo_pooled_from_all_controls(vllm_project):
     rows = pd.concat([_replays(vllm_project), _replays(vllm_project, "repeats.csv")])
     summaries = [_summary(vllm_project, p) for p in rows["path"]]
-    order = sorted((s["position"], s["control"]) for s in summaries)
-    assert [p for p, _ in order] == list(range(len(order)))
-    controls = [(p, c) for p, c in order if c is not None]
-    assert [c for _, c in controls] == [0, 1, 2]
-    assert controls[0][0] == 0 and controls[-1][0] == len(order) - 1 and 0 < controls[1][0] < len(order) - 1
+    order = sorted((s["position"], s["block"], s["control"]) for s in summaries)
+    assert [p for p, _, _ in order] == list(range(len(order)))
+    assert [b for _, b, _ in order] == sorted(b for _, b, _ in order), "blocks one after the other"
+    planned = [(b, c) for _, b, c in order if b < 3]
+    assert sorted(c for b, c in planned if c is not None) == [0, 1, 2]
+    for block in range(3):  # every block: its control and one of the three replays with merges
+        assert [c for b, c in planned if b == block] .count(block) == 1
+        assert sum(c is None for b, c in planned if b == block) == 1
+    assert len({json.dumps(s["slo"], sort_keys=True) for s in summaries}) == 1, "one SLO per seed"
+    assert all(s["slo_controls"] >= 3 for s in summaries)
+    for s in summaries:
+        low, high = s["e2e_p95_ci_ms"]
+        assert low <= s["e2e_p95_ms"] <= high
+        assert s["no_merge_pace_ms"] > 0
 
 
 def test_arrival_accuracy(vllm_project):
@@ -187,8 +202,8 @@ def test_server_merge_work_and_client_each_ran_on_their_own_cpus(vllm_project):
 
 def test_a_replay_beside_a_cpu_hog_is_retried_then_marked_machine_busy(tmp_path, tiny_raw):
     require_vllm_python()
-    params = load_params(make_project(tmp_path, tiny_raw(), engine_profile=False, budget_s=20, busy_retry_pause_s=1,
-                                      capacity_probe_s=2, warmup_s=0))
+    params = load_params(make_project(tmp_path, tiny_raw(), engine_profile=False, budget_s=120, span_s=15,
+                                      busy_retry_pause_s=1, capacity_probe_s=2, warmup_s=0))
     # a foreign process, not a child of this one (the stage's own tree never counts): started through a shell
     # that exits at once, so it is adopted elsewhere
     started = subprocess.run(["sh", "-c", f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $!"],
@@ -236,23 +251,22 @@ def test_a_server_that_dies_mid_run_fails_loudly_and_writes_no_summary(tmp_path,
 
     groups: list[int] = []
 
-    def kill_after_first_summary() -> None:
+    def kill_after_first_replay() -> None:
         deadline = time.monotonic() + 900
         while time.monotonic() < deadline:
-            if (out / "no_sync" / "summary.json").exists():
+            if any(out.rglob("signals.parquet")):  # the first replay is taken (summaries come with the SLO)
                 for proc in _server_processes(tmp_path):  # the API server only: its engine and worker live on
                     groups.append(os.getpgid(proc.pid))
                     proc.kill()
                 return
             time.sleep(0.2)
 
-    killer = threading.Thread(target=kill_after_first_summary, daemon=True)
+    killer = threading.Thread(target=kill_after_first_replay, daemon=True)
     killer.start()
     with pytest.raises(ServerError, match=r"vLLM server exited") as err:
         replay_vllm(params, tmp_path)
     killer.join()
     assert "log" in str(err.value)
-    assert (out / "no_sync" / "summary.json").exists()
-    assert not (out / "fixed_h" / "summary.json").exists()
+    assert not list(out.rglob("summary.json")), "no replay is written without its seed's pooled SLO"
     assert not (tmp_path / "runs" / "replay-sets" / "vllm" / "index.csv").exists()
     assert groups and not any(_group_members(g) for g in groups), "no server process outlives the stage"

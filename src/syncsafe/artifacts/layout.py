@@ -89,6 +89,7 @@ PROFILE_FILE = "profile.json"
 PLAN_FILE = "plan.json"
 #: Where the real arm keeps its span-matched draws: runs/replay-sets/vllm/<regime>/seed-<S>/<this>/<controller>-<DDD>/.
 SPAN_DRAWS_DIR = "matched_random_span"
+SPAN_CADENCE_DIR = "even_cadence_span"
 SERVER_METRICS_FILE = "metrics.txt"
 #: Calibration (runs/calibration/) and fidelity (runs/fidelity/).
 CALIBRATION_FILE = "calibration.json"
@@ -342,6 +343,12 @@ def span_draw_dir(root: PathLike, regime: str, seed: int, controller: str, draw:
     """<root>/runs/replay-sets/vllm/<regime>/seed-<S>/matched_random_span/<controller>-<DDD>/ (a real-arm draw
     with its schedule.json)."""
     return replay_set_dir(root, VLLM, regime) / seed_dirname(seed) / SPAN_DRAWS_DIR / f"{controller}-{draw:03d}"
+
+
+def span_cadence_dir(root: PathLike, regime: str, seed: int, controller: str) -> Path:
+    """<root>/runs/replay-sets/vllm/<regime>/seed-<S>/even_cadence_span/<controller>/ (the real arm's evenly
+    spaced schedule with the controller's count in the span, with its schedule.json)."""
+    return replay_set_dir(root, VLLM, regime) / seed_dirname(seed) / SPAN_CADENCE_DIR / controller
 
 
 def slo_oracle_dir(root: PathLike, regime: str, seed: int, controller: str) -> Path:

@@ -225,9 +225,9 @@ class VllmReplay(Strict):
     #: (`train.source`).
     model: str | None = None
     regimes: list[str] = Field(default_factory=lambda: ["bursty", "azure_conv"], min_length=1)
-    #: Seeds to replay; null = the first four of `seeds` (one to fit, three held out).
+    #: Seeds to replay; null = the first four of `seeds` (two to fit, two held out).
     seeds: list[int] | None = None
-    #: Seeds the calibrate-fit stage fits the simulator on; null = the first replayed seed.
+    #: Seeds the calibrate-fit stage fits the simulator on; null = the first half of the replayed seeds.
     fit_seeds: list[int] | None = None
     #: Seeds the fidelity stage judges the simulator on (never fitted on); null = the other replayed seeds.
     held_out_seeds: list[int] | None = None
@@ -254,7 +254,7 @@ class VllmReplay(Strict):
     #: Trace seconds [0, span_s) every real replay covers; null = sized by the gate's power within `budget_s`.
     span_s: PositiveFloat | None = None
     #: Wall seconds the planned replays may take (server start, profile and capacity probes not counted).
-    budget_s: PositiveFloat = 1200.0
+    budget_s: PositiveFloat = 2400.0
     #: Power of the mechanism gate the plan is sized for, at the profiled effect.
     power_target: Annotated[float, Field(gt=0, lt=1)] = 0.8
     startup_timeout_s: PositiveFloat = 900.0
@@ -266,8 +266,22 @@ class VllmReplay(Strict):
                                  "--kv-cache-memory-bytes", "64M", "--shutdown-timeout", "2",
                                  "--disable-uvicorn-access-log"]
     )
-    #: Trace seconds of the first regime's first seed sent (and discarded) before anything is measured.
+    #: Trace seconds of the primary regime's first seed sent (and discarded) per warm-up probe; 0 = no warm-up.
     warmup_s: Annotated[float, Field(ge=0)] = 20.0
+    #: The warm-up repeats its probe until the last `warmup_stable_probes` decode paces agree within this
+    #: share ((max - min) / median), or `warmup_max_s` wall seconds are spent (`syncsafe.serving.warmup`).
+    warmup_tolerance: Annotated[float, Field(gt=0, lt=1)] = 0.05
+    warmup_stable_probes: Annotated[int, Field(ge=2)] = 3
+    warmup_max_s: Annotated[float, Field(ge=0)] = 240.0
+    #: The request floor of every planned replay: requests in the span, and arrivals inside merge windows
+    #: of each replay with merges (enough to estimate a p95 per replay).
+    min_requests: Annotated[int, Field(ge=1)] = 300
+    min_merge_active: Annotated[int, Field(ge=0)] = 30
+    #: Noise floor: a seed whose no-sync controls' p95 E2E spread ((max - min) / median) passes this gets one
+    #: more control; still over it, the seed is left out of the evidence with the reason.
+    max_control_spread: Annotated[float, Field(gt=0)] = 0.10
+    #: Bootstrap resamples of each replay's p95 and SLO-rate interval.
+    bootstrap_resamples: Annotated[int, Field(ge=100)] = 1000
     #: What runs beside the server during merge windows.
     interference: Literal["merge", "stress"] = "merge"
     interference_workers: Annotated[int, Field(ge=1)] = 2

@@ -97,3 +97,39 @@ def sample_in_span(space: ActionSpace, n: int, span_s: float, target: SpanCount,
         return space.starts(space.gaps_with_total(n, total, rng))
     gaps = space.gaps_with_total(m, j, rng) + [k] + space.gaps_with_total(n - m - 1, total - j - k, rng)
     return space.starts(gaps)
+
+
+def _even_split(length: int, total: int) -> list[int]:
+    """`total` cycles over `length` gaps as evenly as the grid allows (the longer ones first)."""
+    if length == 0:
+        return []
+    base, extra = divmod(total, length)
+    return [base + 1] * extra + [base] * (length - extra)
+
+
+def even_in_span(space: ActionSpace, n: int, span_s: float, target: SpanCount) -> list[float]:
+    """The most evenly spaced schedule with n merges and `target` in [0, span_s): the fixed cadence a
+    real replay of the span can compare a controller with at the same budget where the server sees it.
+
+    Among the gap-sequence classes of `sample_in_span`, each split evenly (first m gaps, the gap after
+    the span's last merge, the rest), the one whose gaps are most alike (smallest spread, then variance,
+    then the total nearest the middle feasible total) wins: deterministic, no draw involved."""
+    combos = list(_combos(space, n, span_s, target))
+    if not combos:
+        raise ActionSpaceError(f"no controller schedule with {n} merges has {target.describe()} "
+                               f"(span {span_s:g} s, {space})")
+    totals = space.feasible_totals(n)
+    middle = totals[len(totals) // 2]
+    m = target.merges
+
+    def gaps_of(total: int, j: int, k: int) -> list[int]:
+        if m == n:
+            return _even_split(n, total)
+        return _even_split(m, j) + [k] + _even_split(n - m - 1, total - j - k)
+
+    def evenness(gaps: list[int], total: int) -> tuple[float, float, int]:
+        g = np.asarray(gaps, dtype=float)
+        return (float(g.max() - g.min()), float(g.var()), abs(total - middle)) if g.size else (0.0, 0.0, 0)
+
+    best = min(((gaps_of(t, j, k), t) for t, j, k, _ in combos), key=lambda c: (evenness(*c), c[0]))
+    return space.starts(best[0])

@@ -6,8 +6,11 @@ token mix (prompt and output lengths drawn, seeded, from its request
 tables). The first probe, at a light rate, sets the reference TTFT p95; a
 rate is *sustained* when its TTFT p95 stays within `ttft_factor` times that
 reference and no request fails. Rates rise geometrically until one is not
-sustained, then two bisection steps narrow the knee. The capacity is the
-highest sustained rate probed.
+sustained, then two bisection steps narrow the knee. One probe is noisy (a
+2-core server's knee moved by 2x between two runs), so the knee is then
+confirmed (`confirm_capacity`): the rate is probed `repeats` more times with
+other arrivals, and stepped down by GROWTH ** 0.5 until every repeat is
+sustained. The capacity is that lower bound.
 
 **Load scale** (`load_scale`): the regime's busiest window (`window_s` trace
 seconds of arrivals, over every seed of its request tables) has
@@ -15,7 +18,9 @@ seconds of arrivals, over every seed of its request tables) has
 times faster than wall time puts it at `peak_rate * time_scale` requests per
 wall second, so `time_scale = target_utilisation * capacity / peak_rate`
 sets the busiest window at the declared utilisation of the measured
-capacity. A fixed `time_scale` (params) is kept and its utilisation
+capacity, rounded *down* onto a coarse grid (`TIME_SCALE_GRID`, steps of
+at most 1.33x), so that two measurements of the same server give the same
+plan. A fixed `time_scale` (params) is kept and its utilisation
 reported; one that puts the busiest window, or the median window (the
 quiet periods), above capacity is refused (`LoadError`): an overloaded
 queue, not merges, would decide the SLO.
@@ -44,6 +49,11 @@ LIGHT_SHARE = 0.1
 GROWTH = 1.5
 BISECTIONS = 2
 MAX_PROBES = 16
+#: Confirmation probes at the knee and step-downs allowed before the capacity is the light rate.
+CONFIRM_REPEATS = 2
+MAX_STEP_DOWNS = 6
+#: Mantissas of the coarse time-scale grid (times powers of ten).
+TIME_SCALE_GRID = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0)
 
 #: Sends one open-loop request table at an epoch of `syncsafe.timebase`; returns the load generator's rows.
 Sender = Callable[[pd.DataFrame, float], pd.DataFrame]
@@ -154,6 +164,40 @@ def search_capacity(send: Sender, mix: pd.DataFrame, first_guess_rps: float, pro
     return good, bound, probes
 
 
+def confirm_capacity(send: Sender, mix: pd.DataFrame, rate_rps: float, floor_rps: float, probe_s: float,
+                     bound_ms: float, seed: int, repeats: int = CONFIRM_REPEATS
+                     ) -> tuple[float, list[CapacityProbe]]:
+    """(the highest rate from `rate_rps` down whose `repeats` probes with fresh arrivals are all sustained,
+    those probes); `floor_rps` (the light rate the search started from) when none is."""
+    probes: list[CapacityProbe] = []
+    rate = rate_rps
+    for _ in range(MAX_STEP_DOWNS):
+        if rate <= floor_rps:
+            break
+        held = True
+        for repeat in range(1, repeats + 1):
+            _, p95, fail = probe(send, rate, probe_s, mix, seed + 7919 * repeat)
+            ok = p95 is not None and p95 <= bound_ms and fail == 0
+            probes.append(CapacityProbe(rate_rps=rate, n_requests=int(round(rate * probe_s)), ttft_p95_ms=p95,
+                                        failure_rate=fail, sustained=ok))
+            if not ok:
+                held = False
+                break
+        if held:
+            return rate, probes
+        rate /= GROWTH ** 0.5
+    return floor_rps, probes
+
+
+def coarse_time_scale(raw: float) -> float:
+    """The largest value of the coarse grid (`TIME_SCALE_GRID` x 10^k) at or below `raw`."""
+    if not (np.isfinite(raw) and raw > 0):
+        raise LoadError(f"no time scale from a capacity of {raw}")
+    decade = 10.0 ** np.floor(np.log10(raw))
+    below = [m * decade for m in TIME_SCALE_GRID if m * decade <= raw * (1 + 1e-9)]
+    return float(round(below[-1], 10))
+
+
 def window_rates(arrivals: Sequence[np.ndarray], window_s: float, duration_s: float) -> np.ndarray:
     """Requests per second in every `window_s` window (step window_s / 4) of every seed's arrivals."""
     step = window_s / 4.0
@@ -182,7 +226,8 @@ def load_shape(arrivals: Sequence[np.ndarray], window_s: float, duration_s: floa
 def load_scale(regime: str, capacity_rps: float, shape: LoadShape, target_utilisation: float,
                fixed_time_scale: float | None) -> tuple[float, float, float]:
     """(time_scale, busiest-window utilisation, median-window utilisation); LoadError when overloaded."""
-    scale = fixed_time_scale if fixed_time_scale is not None else target_utilisation * capacity_rps / shape.peak_rate
+    scale = (fixed_time_scale if fixed_time_scale is not None
+             else coarse_time_scale(target_utilisation * capacity_rps / shape.peak_rate))
     peak_u = shape.peak_rate * scale / capacity_rps
     median_u = shape.median_rate * scale / capacity_rps
     if median_u > 1.0:

@@ -2,8 +2,8 @@
 
 Before any real replay, for a candidate plan of a regime (controllers, span
 `span_s`) the planned replays are simulated: every seed's no-sync schedule
-and each controller with its span-matched draws (the very draws the replay
-will use), on the regime's requests cut to the span, at the regime's time
+and each controller with its span-matched draws and span cadence (the very
+schedules the replay will use), on the regime's requests cut to the span, at the regime's time
 scale, with the server's profiled costs (`engine_profile.profile_prior`: the
 iteration costs and the merge's compute share measured by the engine
 profile). That gives the merge-active requests the gate will see and their
@@ -13,15 +13,21 @@ realisation multiplies every latency by a draw of it. `gate.gate_power`
 turns the realisations into the chance that the gate passes.
 
 Sizing (`size_plans`), per regime on a grid of spans (quarter control
-cycles): the shortest span whose power reaches `power_target` and in which the
+cycles): the shortest span whose power reaches `power_target`, in which the
 primary controller merges on every planned seed where its draws could
 place that merge differently (else that seed's real controller-minus-random
-compares a replay with itself), regimes in order while their planned wall
+compares a replay with itself), and in which every planned replay meets the
+request floor (`floor_met`: at least `min_requests` requests, and at least
+`min_merge_active` arriving inside a merge window of each schedule with
+merges: enough to estimate a p95 per replay); regimes in order while their planned wall
 time (replays x (span / time_scale + `OVERHEAD_S`)) fits `budget_s` (a regime
 that does not fit is left out with the reason, never replayed on a span that
 cannot measure it), with as many draws as fit; then the controllers of
 `replay.vllm.policies`, in order, while the budget allows; what is left of the
-budget then lengthens every span alike. When no regime can be powered, the
+budget then lengthens every span alike. The first regime is the declared
+primary's (`vllm_plan.vllm_regimes`): when it has a powered span that the
+budget cannot pay for, sizing fails (`PlanError`, naming the budget it
+needs) instead of planning without it. When no regime can be powered, the
 first regime alone gets the longest informative span the budget allows, and
 its plan says how much power that buys (the gate will then report
 *underpowered* when it does not pass).
@@ -37,12 +43,13 @@ import numpy as np
 import pandas as pd
 
 from syncsafe.control.serving_model import Calibration
+from syncsafe.errors import BadInput
 from syncsafe.schedules.action_space import ActionSpace
 from syncsafe.schedules.schedule import Schedule
 from syncsafe.serving.gate import GatePairs, GatePower, block_ids, gate_power, merge_active
 from syncsafe.serving.simulator import simulate_at_time_scale
 from syncsafe.schedules.span import placements_in_span, span_count
-from syncsafe.serving.vllm_plan import span_draws
+from syncsafe.serving.vllm_plan import replays_per_seed, span_cadence, span_draws
 
 #: Wall seconds a replay takes beyond its span: the lead before the first arrival, the drain after the last.
 OVERHEAD_S = 1.25
@@ -51,6 +58,9 @@ REALISATIONS = 32
 BLOCK_S = 10.0
 #: Candidate spans per control cycle.
 GRID_PER_CYCLE = 4
+#: Fewest span-matched draws per controller the plan gives way to (when `replay.vllm.draws` allows as many):
+#: with one draw the exact rank test's smallest p over four seeds is 2^-4 = 0.0625, never below alpha 0.05.
+MIN_DRAWS = 2
 #: Per-request log noise assumed when the noise probe measured none.
 DEFAULT_NOISE_SD = 0.1
 
@@ -77,6 +87,13 @@ class RegimeDesign:
     prior: Calibration
     noise_log_ratios: np.ndarray
     controls: int
+    #: The request floor every planned replay must meet (see the module docstring).
+    min_requests: int = 0
+    min_merge_active: int = 0
+
+
+class PlanError(BadInput):
+    """The plan cannot measure what it must (the primary's regime) within the declared budget."""
 
 
 def _cut(schedule: Schedule, span_s: float) -> Schedule:
@@ -99,7 +116,8 @@ def expected_pairs(design: RegimeDesign, controllers: list[str], span_s: float, 
         life_s = float(np.median(twin_e2e)) / 1000.0 * design.time_scale
         for name in controllers:
             controller = seed.controllers[name]
-            for schedule in [controller, *span_draws(controller, design.space, span_s, draws)]:
+            for schedule in [controller, *span_draws(controller, design.space, span_s, draws),
+                             span_cadence(controller, design.space, span_s)]:
                 active = merge_active(_cut(schedule, span_s), arrival, life_s)
                 if not active.any():
                     continue
@@ -133,7 +151,7 @@ def plan_power(design: RegimeDesign, controllers: list[str], span_s: float, draw
 
 def wall_s(design: RegimeDesign, n_controllers: int, draws: int, span_s: float) -> float:
     """Planned wall seconds of a regime's replays."""
-    per_seed = design.controls + n_controllers * (1 + draws)
+    per_seed = replays_per_seed(design.controls, n_controllers, draws)
     return len(design.seeds) * per_seed * (span_s / design.time_scale + OVERHEAD_S)
 
 
@@ -147,6 +165,26 @@ def informative(design: RegimeDesign, controller: str, span_s: float) -> bool:
             continue
         target = span_count(schedule.merge_starts_s, schedule.window_s, span_s)
         if target.merges == 0 or placements_in_span(design.space, schedule.n_merges, span_s, target) < 2:
+            return False
+    return True
+
+
+def floor_met(design: RegimeDesign, controller: str, span_s: float, draws: int) -> bool:
+    """True when every planned replay of `controller` in [0, span_s) meets the request floor: each seed's span
+    holds `min_requests` requests, and the controller, its `draws` span-matched draws and its span cadence
+    each have `min_merge_active` arrivals inside their merge windows (a lower bound on the merge-active
+    requests, which also count those in flight when a window opens)."""
+    for seed in design.seeds:
+        arrival = seed.requests["arrival_s"].to_numpy(dtype=float)
+        arrival = arrival[arrival < span_s]
+        if arrival.size < design.min_requests:
+            return False
+        controller_schedule = seed.controllers[controller]
+        if not controller_schedule.merge_starts_s or design.min_merge_active == 0:
+            continue
+        schedules = [controller_schedule, *span_draws(controller_schedule, design.space, span_s, draws),
+                     span_cadence(controller_schedule, design.space, span_s)]
+        if any(int(merge_active(_cut(s, span_s), arrival, 0.0).sum()) < design.min_merge_active for s in schedules):
             return False
     return True
 
@@ -194,13 +232,14 @@ def size_plans(designs: dict[str, RegimeDesign], controllers: list[str], budget_
 
     1. the regimes in order (`designs`' order: `replay.vllm.regimes`), each with the primary controller
        at its shortest powered span where its real comparison with random carries information on every
-       planned seed (`informative`), while the budget allows; the number of draws (up to `max_draws`)
-       that lets the most regimes in, the most draws on a tie;
+       planned seed (`informative`), while the budget allows; the number of draws (from `max_draws`
+       down to `MIN_DRAWS`) that lets the most regimes in, the most draws on a tie;
     2. the further controllers, in order, while the budget allows;
     3. what is left of the budget lengthens every span alike.
     A regime that does not fit is left out, with the reason, rather than replayed on a span that
-    cannot measure it. When no regime can be powered within the budget, the first regime alone gets
-    the longest informative span the budget allows (any span if none is informative), with one draw,
+    cannot measure it; the first regime (the primary's) never is: `PlanError` when it has no span
+    meeting the request floor, or a powered span the budget cannot pay for. When no span powers it,
+    it alone gets the longest informative span the budget allows, with one draw,
     and its plan says how much power that buys (the gate will then report *underpowered* when it does
     not pass). A fixed span (`fixed_span_s`) is used as given, powered or not.
     """
@@ -213,7 +252,8 @@ def size_plans(designs: dict[str, RegimeDesign], controllers: list[str], budget_
         return cache[key]
 
     # candidate spans: where the primary's real comparison with random carries information
-    informative_grids = {r: [g for g in _grid(d) if informative(d, controllers[0], g)] for r, d in designs.items()}
+    informative_grids = {r: [g for g in _grid(d) if informative(d, controllers[0], g)
+                             and floor_met(d, controllers[0], g, max_draws)] for r, d in designs.items()}
 
     def shortest(regime: str, n: int, draws: int) -> float | None:
         if fixed_span_s is not None:
@@ -228,8 +268,9 @@ def size_plans(designs: dict[str, RegimeDesign], controllers: list[str], budget_
         for regime, design in designs.items():
             span = shortest(regime, 1, draws)
             if span is None:
-                left_out[regime] = (f"no span where {controllers[0]} merges on every planned seed and its "
-                                    f"draws can place those merges differently"
+                left_out[regime] = (f"no span where {controllers[0]} merges on every planned seed, its "
+                                    f"draws can place those merges differently and every replay has "
+                                    f"{design.min_requests} requests ({design.min_merge_active} in merge windows)"
                                     if not informative_grids[regime] else
                                     f"no span reaches gate power {power_target:.0%} with {draws} draw(s)")
                 continue
@@ -241,8 +282,19 @@ def size_plans(designs: dict[str, RegimeDesign], controllers: list[str], budget_
             spans[regime], used = span, used + cost
         return spans, left_out
 
-    candidates = [(draws, *admit(draws)) for draws in range(max_draws, 0, -1)]
-    draws, spans, left_out = max(candidates, key=lambda c: (len(c[1]), c[0]))
+    first = next(iter(designs))
+    fewest = min(MIN_DRAWS, max_draws)
+    candidates = [(draws, *admit(draws)) for draws in range(max_draws, fewest - 1, -1)]
+    draws, spans, left_out = max(candidates, key=lambda c: (first in c[1], len(c[1]), c[0]))
+    if first not in spans:
+        if not informative_grids[first]:
+            raise PlanError(f"the primary's regime {first} has no span: {left_out[first]}")
+        if (span := shortest(first, 1, fewest)) is not None:
+            raise PlanError(f"replay.vllm.budget_s {budget_s:g} s cannot pay for the primary's regime {first}: its "
+                            f"shortest powered span ({span:g} s) needs about "
+                            f"{wall_s(designs[first], 1, fewest, span):.0f} s of replays with {fewest} draw(s); "
+                            "raise budget_s")
+        spans = {}  # no span powers the primary's regime: it alone, underpowered (below)
     if spans:
         included = {r: designs[r] for r in spans}
         n_chosen = 1
@@ -257,11 +309,10 @@ def size_plans(designs: dict[str, RegimeDesign], controllers: list[str], budget_
                                  budget_s)
     else:  # nothing powered fits: the first regime, one draw, its longest informative span the budget allows
         n_chosen, draws = 1, 1
-        first = next(iter(designs))
         fits = [g for g in informative_grids[first] if wall_s(designs[first], 1, 1, g) <= budget_s]
         included = {first: designs[first]}
         spans = ({first: shortest(first, 1, 1)} if fixed_span_s is not None  # type: ignore[dict-item]
-                 else _fill_budget(included, {first: fits or _grid(designs[first])}, 1, 1, {}, budget_s))
+                 else _fill_budget(included, {first: fits or informative_grids[first][:1]}, 1, 1, {}, budget_s))
         left_out = {r: f"{why}; the budget powers no regime, so only the first one is replayed"
                     for r, why in admit(1)[1].items() if r != first}
     sized = {r: SizedRegime(controllers[:n_chosen], draws, spans[r], power(r, n_chosen, draws, spans[r]),

@@ -1,6 +1,7 @@
 """Measure the real server's load per regime and size the real arm's plan (before any replay).
 
-For every regime of `replay.vllm.regimes`: the capacity for its token mix,
+For every regime of `replay.vllm.regimes`, the declared primary's first
+(`vllm_plan.vllm_regimes`): the capacity for its token mix,
 the time scale that sets its busiest window (over every seed) at the target
 utilisation, and the noise probe (`syncsafe.serving.capacity`); then the
 plan (`syncsafe.serving.plan_sizing`) from the planned seeds' requests,
@@ -27,6 +28,7 @@ from syncsafe.schedules.action_space import ActionSpace
 from syncsafe.schedules.schedule import read_schedule
 from syncsafe.serving.capacity import (
     RegimeLoad,
+    confirm_capacity,
     load_scale,
     load_shape,
     noise_probe,
@@ -36,7 +38,7 @@ from syncsafe.serving.capacity import (
 from syncsafe.serving.engine_profile import ServerProfile, profile_prior
 from syncsafe.serving.placement import CpuPlacement
 from syncsafe.serving.plan_sizing import RegimeDesign, SeedInputs, size_plans
-from syncsafe.serving.vllm_plan import RealPlan, RegimePlan, vllm_controllers, vllm_seed_split
+from syncsafe.serving.vllm_plan import RealPlan, RegimePlan, vllm_controllers, vllm_regimes, vllm_seed_split
 
 #: A guess of the capacity (requests/s) when there is no engine profile to guess from.
 DEFAULT_FIRST_GUESS_RPS = 4.0
@@ -60,9 +62,12 @@ def measure_load(params: Params, root: Path, regime: str, profile: ServerProfile
     tables = [read_requests(root, regime, seed) for seed in params.seeds]
     mix = token_mix(tables)
     seed = params.seeds[0]
-    capacity, bound, probes = search_capacity(lambda t, epoch: send(t, epoch, 1.0, seed), mix,
-                                              first_guess_rps(profile, mix), cfg.capacity_probe_s,
-                                              cfg.capacity_ttft_factor, seed)
+    sender = lambda t, epoch: send(t, epoch, 1.0, seed)  # noqa: E731
+    knee, bound, probes = search_capacity(sender, mix, first_guess_rps(profile, mix), cfg.capacity_probe_s,
+                                          cfg.capacity_ttft_factor, seed)
+    capacity, confirmations = confirm_capacity(sender, mix, knee, probes[0].rate_rps, cfg.capacity_probe_s, bound,
+                                               seed)
+    probes = [*probes, *confirmations]
     shape = load_shape([t["arrival_s"].to_numpy(dtype=float) for t in tables], params.merge.window_s,
                        params.regimes[regime].duration_s)
     scale, peak_u, median_u = load_scale(regime, capacity, shape, cfg.target_utilisation, cfg.time_scale)
@@ -103,7 +108,7 @@ def plan_real_arm(params: Params, root: Path, index: pd.DataFrame, profile: Serv
     threshold = params.analysis.gate_ratio_threshold
     loads: dict[str, RegimeLoad] = {}
     designs: dict[str, RegimeDesign] = {}
-    for regime in cfg.regimes:
+    for regime in vllm_regimes(params):
         tqdm.write(f"replay vllm: measuring the server's capacity for {regime}")
         load = measure_load(params, root, regime, profile, send)
         loads[regime] = load
@@ -111,6 +116,7 @@ def plan_real_arm(params: Params, root: Path, index: pd.DataFrame, profile: Serv
             regime=regime, seeds=[seed_inputs(root, index, regime, s, controllers) for s in fit + held],
             space=ActionSpace.of_params(params, regime), time_scale=load.time_scale, prior=prior,
             noise_log_ratios=np.asarray(load.noise_log_ratios), controls=cfg.no_sync_controls,
+            min_requests=cfg.min_requests, min_merge_active=cfg.min_merge_active,
         )  # fmt: skip
     sized = size_plans(designs, controllers, cfg.budget_s, threshold, cfg.power_target, cfg.draws, cfg.span_s)
     regimes = {}

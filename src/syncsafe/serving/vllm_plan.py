@@ -17,26 +17,37 @@ Per regime of `replay.vllm.regimes` (`RegimePlan`, all of them in
   from the server's measured capacity so that the busiest window runs at
   `target_utilisation` (`syncsafe.serving.capacity`); the simulator replays
   of the regime run at the same time scale.
-- **Order** (`replay_order`): the seed's no-sync schedule `controls` times,
-  interleaved: first, evenly between, and last; the other replays in a
-  seeded random order between them. The first no-sync replay is the SLO's
-  source; the gate compares each replay with its nearest controls.
+- **References in the span**: per controller, its span-matched draws and
+  one evenly spaced schedule with the same counts (`span_cadence`), so the
+  real replays alone can be judged against matched random and the fixed
+  cadence.
+- **Order** (`block_order`): randomised blocks. There are `controls` blocks;
+  every block holds one no-sync control of every seed and a share of every
+  seed's other replays (dealt round-robin from a seeded shuffle), in a
+  seeded random order across seeds. Seed, schedule kind and time (the
+  server's warm-up drift) are then not confounded: every seed is replayed
+  early, in the middle and late. The gate compares each replay with its
+  nearest controls of the same seed; the SLO comes from all of a seed's
+  controls pooled.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from dataclasses import dataclass
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from syncsafe.config import Params
 from syncsafe.schedules.action_space import ActionSpace
 from syncsafe.schedules.schedule import Schedule
-from syncsafe.schedules.span import SpanCount, sample_in_span, span_count
+from syncsafe.schedules.span import SpanCount, even_in_span, sample_in_span, span_count
 from syncsafe.serving.capacity import RegimeLoad
+from syncsafe.serving.warmup import WarmupRecord
 from syncsafe.traces.timeline import regime_rng
 
-#: Seeds replayed when replay.vllm.seeds is null: one to fit, three held out.
+#: Seeds replayed when replay.vllm.seeds is null: half to fit, half held out.
 DEFAULT_N_SEEDS = 4
 ORDER_STREAM = "vllm-replay-order"
 SPAN_DRAW_STREAM = "vllm-span-draw"
@@ -69,7 +80,7 @@ class RegimePlan(BaseModel):
 
     @property
     def replays_per_seed(self) -> int:
-        return self.controls + len(self.controllers) * (1 + self.draws)
+        return replays_per_seed(self.controls, len(self.controllers), self.draws)
 
 
 class RealPlan(BaseModel):
@@ -86,11 +97,38 @@ class RealPlan(BaseModel):
     #: Regimes of `replay.vllm.regimes` the plan does not replay, and why (the budget, no informative span).
     left_out: dict[str, str] = Field(default_factory=dict)
     notes: list[str] = Field(default_factory=list)
+    #: What the warm-up before the plan measured (`syncsafe.serving.warmup`); None when switched off.
+    warmup: WarmupRecord | None = None
 
     def time_scale(self, regime: str) -> float:
         """The regime's replay time scale; 1 (the trace as given) for a regime the real arm did not measure."""
         plan = self.regimes.get(regime)
         return plan.time_scale if plan is not None else 1.0
+
+
+def replays_per_seed(controls: int, controllers: int, draws: int) -> int:
+    """No-sync controls, then per controller: itself, its span-matched draws and its span cadence."""
+    return controls + controllers * (2 + draws)
+
+
+def vllm_regimes(params: Params) -> list[str]:
+    """The regimes the real arm plans, the declared primary's regime first: it is always in the plan."""
+    first = params.analysis.primary.regime
+    return [first, *(r for r in params.replay.vllm.regimes if r != first)]
+
+
+#: Declared wall seconds of the real arm besides its budget and warm-up: server start, engine profile, and
+#: per regime its capacity search (probes of capacity_probe_s) and noise probe.
+DECLARED_START_S = 90.0
+DECLARED_PROBES_PER_REGIME = 14
+
+
+def declared_wall_s(params: Params) -> float:
+    """What the replay-vllm stage declares it takes: start and profile, the warm-up's limit, every regime's
+    probes, and the replays' budget (what `syncsafe run` shows as time left before it was ever timed)."""
+    cfg = params.replay.vllm
+    probes = len(vllm_regimes(params)) * DECLARED_PROBES_PER_REGIME * (cfg.capacity_probe_s + 1.0)
+    return DECLARED_START_S + cfg.warmup_max_s + probes + cfg.budget_s
 
 
 def vllm_controllers(params: Params) -> list[str]:
@@ -111,7 +149,7 @@ def vllm_seed_split(params: Params) -> tuple[list[int], list[int]]:
     """(fit seeds, held-out seeds) of the vLLM replay (see the module docstring)."""
     cfg = params.replay.vllm
     seeds = vllm_seeds(params)
-    fit = list(cfg.fit_seeds) if cfg.fit_seeds else seeds[:1]
+    fit = list(cfg.fit_seeds) if cfg.fit_seeds else seeds[:max(1, len(seeds) // 2)]
     held = list(cfg.held_out_seeds) if cfg.held_out_seeds is not None else [s for s in seeds if s not in fit]
     return fit, [s for s in held if s not in fit]
 
@@ -137,22 +175,45 @@ def check_span_budget(controller: Schedule, draw: Schedule, span_s: float) -> No
                          f"against the controller's {mine.describe()} of {controller.n_merges}")
 
 
-def replay_order(regime: str, seed: int, rows: list[pd.Series], controls: int) -> list[tuple[pd.Series, int | None]]:
-    """(row, control) in replay order: no-sync `controls` times (first, between, last; `control` counts them),
-    the other rows (`control` None) in a seeded random order between them."""
-    no_sync = [r for r in rows if r["source"] == "no_sync"]
-    if len(no_sync) != 1:
-        raise ValueError(f"{regime} seed {seed}: expected one no_sync schedule, found {len(no_sync)}")
-    rest = sorted((r for r in rows if r["source"] != "no_sync"), key=lambda r: str(r["path"]))
-    perm = regime_rng(regime, seed, ORDER_STREAM).permutation(len(rest))
-    shuffled = [rest[int(i)] for i in np.asarray(perm)]
-    ordered: list[tuple[pd.Series, int | None]] = [(no_sync[0], 0)]
-    if controls == 1:
-        return ordered + [(r, None) for r in shuffled]
-    cuts = np.linspace(0, len(shuffled), controls).round().astype(int)
-    for control in range(1, controls):
-        ordered += [(r, None) for r in shuffled[cuts[control - 1]:cuts[control]]]
-        ordered.append((no_sync[0], control))
+def span_cadence(controller: Schedule, space: ActionSpace, span_s: float) -> Schedule:
+    """The controller's counts in [0, span_s) and in total, evenly spaced (`schedules.span.even_in_span`)."""
+    target = span_count(controller.merge_starts_s, controller.window_s, span_s)
+    starts = even_in_span(space, controller.n_merges, span_s, target)
+    return controller.model_copy(update={"policy": "even_cadence", "source": "even_cadence", "draw": None,
+                                         "matched_to": controller.policy, "merge_starts_s": starts})
+
+
+@dataclass(frozen=True)
+class OrderedReplay:
+    """One replay of the real plan in order: its seed, schedule row, no-sync control number (None for a
+    replay with merges) and block."""
+
+    seed: int
+    row: pd.Series
+    control: int | None
+    block: int
+
+
+def block_order(regime: str, rows_by_seed: dict[int, list[pd.Series]], blocks: int) -> list[OrderedReplay]:
+    """Every seed's replays in randomised blocks (see the module docstring); seeded per regime and seed."""
+    if blocks < 1:
+        raise ValueError(f"{regime}: a replay order needs at least one block (got {blocks})")
+    per_block: list[list[OrderedReplay]] = [[] for _ in range(blocks)]
+    for seed in sorted(rows_by_seed):
+        rows = rows_by_seed[seed]
+        no_sync = [r for r in rows if r["source"] == "no_sync"]
+        if len(no_sync) != 1:
+            raise ValueError(f"{regime} seed {seed}: expected one no_sync schedule, found {len(no_sync)}")
+        rest = sorted((r for r in rows if r["source"] != "no_sync"), key=lambda r: str(r["path"]))
+        perm = regime_rng(regime, seed, ORDER_STREAM).permutation(len(rest))
+        for i, j in enumerate(np.asarray(perm)):
+            per_block[i % blocks].append(OrderedReplay(seed, rest[int(j)], None, i % blocks))
+        for block in range(blocks):
+            per_block[block].append(OrderedReplay(seed, no_sync[0], block, block))
+    ordered: list[OrderedReplay] = []
+    for block, items in enumerate(per_block):
+        perm = regime_rng(regime, block, f"{ORDER_STREAM}/block").permutation(len(items))
+        ordered += [items[int(i)] for i in np.asarray(perm)]
     return ordered
 
 
@@ -161,5 +222,6 @@ def nearest_controls(position: int, control_positions: dict[int, int]) -> list[i
     return sorted(control_positions, key=lambda c: (abs(control_positions[c] - position), control_positions[c]))
 
 
-__all__ = ["DEFAULT_N_SEEDS", "RealPlan", "RegimePlan", "SpanCount", "check_span_budget", "nearest_controls",
-           "replay_order", "span_draws", "vllm_controllers", "vllm_seed_split", "vllm_seeds"]
+__all__ = ["DEFAULT_N_SEEDS", "declared_wall_s", "OrderedReplay", "RealPlan", "RegimePlan", "SpanCount", "block_order",
+           "check_span_budget", "nearest_controls", "replays_per_seed", "span_cadence", "span_draws",
+           "vllm_controllers", "vllm_regimes", "vllm_seed_split", "vllm_seeds"]

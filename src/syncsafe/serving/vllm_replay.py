@@ -4,20 +4,26 @@ One server serves the whole stage run, with the merge work beside it on the
 same CPUs and the client (this process) on CPUs of its own
 (`syncsafe.serving.placement`). In order:
 
-1. warm-up (discarded), then the engine profile (`engine_profile`);
+1. warm-up (discarded) until the decode pace is stable (`warmup`), then the
+   engine profile (`engine_profile`);
 2. per regime, the server's capacity for its token mix, the time scale that
    puts its busiest window at `target_utilisation`, and the noise probe
    (`capacity`);
 3. the plan: controllers and span sized so the mechanism gate is powered
    within `budget_s` (`plan_sizing`), written to `plan.json` and printed;
 4. the replays: per regime and seed, the no-sync controls interleaved with
-   the controllers and their span-matched draws (`vllm_plan`). Per replay
+   the controllers, their span-matched draws and span cadences, in
+   randomised blocks across seeds (`vllm_plan.block_order`). Per replay
    the merge work is handed the windows inside the span as wall intervals,
    the load generator sends the span's requests open loop, a scraper samples
    the server's gauges, and a monitor measures foreign CPU use: above
    `max_foreign_cpu` the replay is retried once after a pause, then marked
    invalid ("machine busy"). Too many failures, a late client or a failing
    scraper mark it invalid as well; an invalid replay licenses nothing.
+5. the checks of `real_evidence`: a seed whose controls disagree beyond the
+   noise floor gets one more control, then is left out; an overloaded
+   control is invalid; every replay is written with its seed's SLO pooled
+   from all its controls, with bootstrap intervals of its p95 and SLO rate.
 
 Latencies are real milliseconds; arrivals and windows stay in trace seconds.
 """
@@ -47,12 +53,22 @@ from syncsafe.schedules.span import span_count
 from syncsafe.serving.busy import ForeignCpu, ForeignCpuMonitor
 from syncsafe.serving.interference import MergeInterference
 from syncsafe.serving.loadgen import replay_requests
-from syncsafe.serving.metrics import SloSpec, replay_validity
+from syncsafe.serving.metrics import replay_validity
 from syncsafe.serving.placement import CpuPlacement
+from syncsafe.serving.real_evidence import control_spread, overload_reason, pooled_slo, replay_intervals
 from syncsafe.serving.real_plan import plan_real_arm
-from syncsafe.serving.replay import index_row, replay_path, request_results, resolve_slo, wall_windows, write_replay, write_set_index
+from syncsafe.serving.replay import index_row, replay_path, request_results, wall_windows, write_replay, write_set_index
 from syncsafe.serving.engine_profile import ServerProfile, profile_server
-from syncsafe.serving.vllm_plan import RealPlan, RegimePlan, check_span_budget, replay_order, span_draws
+from syncsafe.serving.vllm_plan import (
+    RealPlan,
+    RegimePlan,
+    block_order,
+    check_span_budget,
+    span_cadence,
+    span_draws,
+    vllm_regimes,
+)
+from syncsafe.serving.warmup import WarmupRecord, decode_pace_ms, warm_until_stable
 from syncsafe.serving.vllm_server import ServerError, VllmServer, resolve_python
 
 #: Gauges scraped from /metrics (summed over label sets).
@@ -176,6 +192,26 @@ class PlannedReplay:
     out: Path
     control: int | None
     position: int
+    #: Its block of the randomised block order (`vllm_plan.block_order`); an added control: a block of its own.
+    block: int
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A replay taken, not yet written: its per-request table and summary fields (validity among them)."""
+
+    item: PlannedReplay
+    results: pd.DataFrame
+    extra: dict
+
+    @property
+    def seed(self) -> int:
+        return int(self.item.row["seed"])
+
+    def invalid(self, reason: str) -> Measured:
+        """The same replay marked invalid for `reason` as well."""
+        reasons = [r for r in (self.extra.get("invalid_reason") or "", reason) if r]
+        return Measured(self.item, self.results, {**self.extra, "valid": False, "invalid_reason": "; ".join(reasons)})
 
 
 class RealArm:
@@ -200,16 +236,22 @@ class RealArm:
         return replay_requests(self.server.base_url, self.server.served_name, requests, start_epoch, time_scale,
                                self.vocab, seed, cfg.max_in_flight, cfg.request_timeout_s)
 
-    def warm_up(self) -> None:
-        """First requests hit cold code paths: a slice of real load, discarded, before anything is measured."""
-        regime, seed = self.cfg.regimes[0], self.params.seeds[0]
-        requests = read_requests(self.root, regime, seed)
-        warm = requests[requests["arrival_s"] < self.cfg.warmup_s]
-        if len(warm):
-            self.send(warm, timebase.now() + 0.5, WARMUP_TIME_SCALE, seed)
+    def warm_up(self) -> WarmupRecord | None:
+        """First requests hit cold code paths and the server speeds up for minutes: a slice of real load,
+        discarded, sent until the decode pace is stable (`syncsafe.serving.warmup`); None when switched off."""
+        cfg = self.cfg
         now = timebase.now()  # the workers may still be starting: one short window before anything is timed
         self.work.submit([(now, now + 0.1)])
-        self.work.collect(timeout_s=self.cfg.startup_timeout_s)
+        self.work.collect(timeout_s=cfg.startup_timeout_s)
+        regime, seed = vllm_regimes(self.params)[0], self.params.seeds[0]
+        requests = read_requests(self.root, regime, seed)
+        warm = requests[requests["arrival_s"] < cfg.warmup_s]
+        if cfg.warmup_s <= 0 or warm.empty:
+            return None
+        record = warm_until_stable(lambda: self.send(warm, timebase.now() + 0.5, WARMUP_TIME_SCALE, seed),
+                                   cfg.warmup_tolerance, cfg.warmup_stable_probes, cfg.warmup_max_s)
+        tqdm.write(f"replay vllm: {record.describe()}")
+        return record
 
     def profile(self, out_root: Path) -> ServerProfile | None:
         """The engine profile (profile.json and the last /metrics text), or None when switched off."""
@@ -230,37 +272,42 @@ class RealArm:
 
     # ------------------------------------------------------------------ the replays
 
-    def planned(self, plan: RegimePlan, index: pd.DataFrame) -> list[tuple[int, list[PlannedReplay]]]:
-        """Per seed of `plan`, its replays in order, span-matched draws made and written as schedules."""
-        out = []
-        space_of = None
+    def planned(self, plan: RegimePlan, index: pd.DataFrame) -> list[PlannedReplay]:
+        """The regime's replays in block order (`block_order`), span-matched draws and cadences made and
+        written as schedules."""
+        space = ActionSpace.of_params(self.params, plan.regime)
+        by_seed: dict[int, list[pd.Series]] = {}
         for seed in plan.seeds:
             rows = index[(index["regime"] == plan.regime) & (index["seed"] == seed)]
             chosen = [r for _, r in rows.iterrows()
                       if r["source"] == "no_sync" or (r["source"] in ("train", "harness") and r["policy"] in plan.controllers)]
-            if space_of is None:
-                space_of = ActionSpace.of_params(self.params, plan.regime)
             for controller_row in [r for r in chosen if r["source"] != "no_sync"]:
                 controller = read_schedule(layout.at(self.root, controller_row["path"]))
-                for draw in span_draws(controller, space_of, plan.span_s, plan.draws):
-                    check_span_budget(controller, draw, plan.span_s)
-                    target = layout.span_draw_dir(self.root, plan.regime, seed, controller.policy, int(draw.draw))
-                    path = write_schedule(target / layout.SCHEDULE_FILE, draw)
-                    chosen.append(pd.Series({"regime": plan.regime, "policy": "matched_random", "seed": seed,
-                                             "draw": draw.draw, "matched_to": controller.policy,
-                                             "source": "matched_random", "path": path.relative_to(self.root).as_posix()}))
-            replays = []
-            for position, (row, control) in enumerate(replay_order(plan.regime, seed, chosen, plan.controls)):
-                schedule = read_schedule(layout.at(self.root, row["path"]))
-                if row["source"] == "matched_random":
-                    base = layout.at(self.root, row["path"]).parent
-                else:
-                    base = replay_path(self.root, layout.VLLM, row["path"])
-                if control is not None:
-                    base = layout.control_replay_dir(base, control)
-                replays.append(PlannedReplay(row, schedule, base, control, position))
-            out.append((seed, replays))
-        return out
+                derived = [(d, layout.span_draw_dir(self.root, plan.regime, seed, controller.policy, int(d.draw)))
+                           for d in span_draws(controller, space, plan.span_s, plan.draws)]
+                derived.append((span_cadence(controller, space, plan.span_s),
+                                layout.span_cadence_dir(self.root, plan.regime, seed, controller.policy)))
+                for schedule, target in derived:
+                    check_span_budget(controller, schedule, plan.span_s)
+                    path = write_schedule(target / layout.SCHEDULE_FILE, schedule)
+                    chosen.append(pd.Series({"regime": plan.regime, "policy": schedule.policy, "seed": seed,
+                                             "draw": schedule.draw, "matched_to": controller.policy,
+                                             "source": schedule.source,
+                                             "path": path.relative_to(self.root).as_posix()}))
+            by_seed[seed] = chosen
+        return [self.planned_replay(o.row, o.control, position, o.block)
+                for position, o in enumerate(block_order(plan.regime, by_seed, plan.controls))]
+
+    def planned_replay(self, row: pd.Series, control: int | None, position: int, block: int) -> PlannedReplay:
+        """Where one replay of `row`'s schedule goes: beside a span-matched schedule, or under the replay set."""
+        schedule = read_schedule(layout.at(self.root, row["path"]))
+        if row["source"] in ("matched_random", "even_cadence"):
+            base = layout.at(self.root, row["path"]).parent
+        else:
+            base = replay_path(self.root, layout.VLLM, row["path"])
+        if control is not None:
+            base = layout.control_replay_dir(base, control)
+        return PlannedReplay(row, schedule, base, control, position, block)
 
     def replay_once(self, item: PlannedReplay, requests: pd.DataFrame, plan: RegimePlan
                     ) -> tuple[pd.DataFrame, list, MetricsScraper, ForeignCpu, float]:
@@ -275,8 +322,9 @@ class RealArm:
         return raw, worked, scraper, monitor.result(), start
 
     def replay(self, item: PlannedReplay, requests: pd.DataFrame, timeline: pd.DataFrame, plan: RegimePlan,
-               slo, load_utilisation: float) -> dict:
-        """One planned replay, retried once when the machine was busy; its summary (written last)."""
+               load_utilisation: float, ttft_bound_ms: float | None) -> Measured:
+        """One planned replay, retried once when the machine was busy; its per-request table and summary
+        fields (written once the seed's SLO is known: `write_measured`)."""
         cfg = self.cfg
         attempts, began = 0, time.monotonic()
         placement = {**self.placement.record(), "enacted": self.enacted()}
@@ -289,7 +337,6 @@ class RealArm:
                        f"retrying after {cfg.busy_retry_pause_s:g} s")
             time.sleep(cfg.busy_retry_pause_s)
         results = request_results(raw, timeline, worked, start, plan.time_scale)
-        slo = slo or resolve_slo(self.params, results)
         write_signals(item.out, scraper.frame())
         write_windows(item.out, pd.DataFrame(
             [((b - start) * plan.time_scale, (e - start) * plan.time_scale, n) for b, e, n in worked],
@@ -300,11 +347,13 @@ class RealArm:
         if scraper.failure_rate > cfg.max_scrape_failure_rate:
             reasons.append(f"/metrics scrapes failed {len(scraper.failures)} times "
                            f"({scraper.failure_rate:.0%} > max_scrape_failure_rate {cfg.max_scrape_failure_rate:g})")
+        if item.control is not None and (overloaded := overload_reason(results, ttft_bound_ms)):
+            reasons.append(overloaded)
         counted = span_count(item.schedule.merge_starts_s, item.schedule.window_s, plan.span_s)
-        return write_replay(item.out, results, slo, self.params, {
+        return Measured(item, results, {
             "backend": "vllm", "model": str(self.model), "time_scale": plan.time_scale, "span_s": plan.span_s,
             "utilisation": load_utilisation, "interference": cfg.interference, "placement": placement,
-            "position": item.position, "control": item.control, "attempts": attempts,
+            "position": item.position, "block": item.block, "control": item.control, "attempts": attempts,
             "wall_s": time.monotonic() - began,
             "span_merges": counted.merges, "span_cut": counted.cut,
             "foreign_cpu_cores": foreign.cores, "foreign_top": [list(t) for t in foreign.top],
@@ -313,6 +362,7 @@ class RealArm:
             # valid, invalid_reason, failure_rate, send_lag_p99_ms: an invalid replay licenses nothing
             **replay_validity(results, cfg.max_failure_rate, cfg.max_send_lag_p99_ms, reasons),
             "cap_wait_max_ms": float(results["cap_wait_ms"].max()),
+            "no_merge_pace_ms": decode_pace_ms(results[~results["merge_active"].to_numpy(dtype=bool)]),
         })  # fmt: skip
 
 
@@ -338,35 +388,82 @@ def replay_vllm(params: Params, root: Path = Path(".")) -> pd.DataFrame:
     with placement.pinned_client(), server, MergeInterference(cfg.interference, cfg.interference_workers, numel,
                                               placement=placement) as work:
         arm = RealArm(params, root, server, work, placement, model, vocab)
-        arm.warm_up()
+        warmup = arm.warm_up()
         clock.lap("server start and warm-up")
         profile = arm.profile(out_root)
         clock.lap("engine profile")
         plan = plan_real_arm(params, root, index, profile, placement, arm.send)
+        if warmup is not None:
+            plan = plan.model_copy(update={"notes": [*plan.notes, warmup.describe()], "warmup": warmup})
         clock.lap("capacity, noise probes and plan")
         io.write_text(out_root / layout.PLAN_FILE, model_json(plan))
         planned = {regime: arm.planned(p, index) for regime, p in plan.regimes.items()}
-        total = sum(len(items) for seeds in planned.values() for _, items in seeds)
+        total = sum(len(items) for items in planned.values())
         with tqdm(total=total, desc="replay vllm", unit="replay", leave=False) as bar:
-            for regime, seeds in planned.items():
-                regime_plan = plan.regimes[regime]
-                for seed, items in seeds:
-                    requests = read_requests(root, regime, seed)
-                    requests = requests[requests["arrival_s"] < regime_plan.span_s].reset_index(drop=True)
-                    timeline = read_timeline(root, regime, seed)
-                    slo = None
-                    for item in items:
-                        summary = arm.replay(item, requests, timeline, regime_plan, slo,
-                                             plan.loads[regime].utilisation if regime in plan.loads else 0.0)
-                        if item.control == 0:  # the seed's first no-sync replay: every replay's SLO
-                            slo = SloSpec(**summary["slo"])
-                        row = index_row(item.row, "vllm", item.schedule, summary, item.out, root)
-                        row["schedule"] = item.row["path"]
-                        (repeats if item.control else rows).append(row)
-                        bar.update()
+            for regime, items in planned.items():
+                measured = replay_regime(arm, plan, regime, items, bar)
+                for m in measured:
+                    row = write_measured(params, root, m, measured)
+                    (repeats if m.item.control else rows).append(row)
         clock.lap("replays")
     write_set_index(out_root / REPEATS_FILE, repeats)
     return write_set_index(out_root / layout.INDEX_FILE, rows)
+
+
+def replay_regime(arm: RealArm, plan: RealPlan, regime: str, items: list[PlannedReplay], bar: tqdm) -> list[Measured]:
+    """The regime's planned replays in order, then the noise floor (`real_evidence.control_spread`): a seed
+    whose controls spread beyond `max_control_spread` gets one more control, and is left out (every replay
+    of it marked invalid, with the reason) when it is still over."""
+    cfg, root = arm.cfg, arm.root
+    regime_plan = plan.regimes[regime]
+    load = plan.loads.get(regime)
+    utilisation, bound = (load.utilisation, load.ttft_bound_ms) if load is not None else (0.0, None)
+    inputs = {}
+    for seed in regime_plan.seeds:
+        requests = read_requests(root, regime, seed)
+        inputs[seed] = (requests[requests["arrival_s"] < regime_plan.span_s].reset_index(drop=True),
+                        read_timeline(root, regime, seed))
+    measured = []
+    for item in items:
+        measured.append(arm.replay(item, *inputs[int(item.row["seed"])], regime_plan, utilisation, bound))
+        bar.update()
+    for seed in regime_plan.seeds:
+        controls = [m for m in measured if m.seed == seed and m.item.control is not None]
+        spread = control_spread([m.results for m in controls if m.extra["valid"]])
+        if spread is None or spread <= cfg.max_control_spread:
+            continue
+        tqdm.write(f"replay vllm: {regime} seed {seed}: no-sync p95 spread {spread:.0%} > max_control_spread "
+                   f"{cfg.max_control_spread:.0%}; one more control")
+        first = controls[0].item
+        extra = arm.planned_replay(first.row, len(controls), len(measured), regime_plan.controls)
+        bar.total += 1
+        measured.append(arm.replay(extra, *inputs[seed], regime_plan, utilisation, bound))
+        bar.update()
+        controls = [m for m in measured if m.seed == seed and m.item.control is not None]
+        spread = control_spread([m.results for m in controls if m.extra["valid"]])
+        if spread is not None and spread > cfg.max_control_spread:
+            why = (f"noise floor: seed {seed} left out, its {len(controls)} no-sync controls' p95 spread "
+                   f"{spread:.0%} > max_control_spread {cfg.max_control_spread:.0%}")
+            tqdm.write(f"replay vllm: {regime} {why}")
+            measured = [m.invalid(why) if m.seed == seed else m for m in measured]
+    return measured
+
+
+def write_measured(params: Params, root: Path, m: Measured, regime_measured: list[Measured]) -> dict:
+    """Write one replay with its seed's SLO pooled from its valid controls (all its controls when none is
+    valid), its bootstrap intervals and its controls' spread; its index row."""
+    cfg = params.replay.vllm
+    controls = [c for c in regime_measured if c.seed == m.seed and c.item.control is not None]
+    valid = [c.results for c in controls if c.extra["valid"]]
+    slo = pooled_slo(params, valid or [c.results for c in controls])
+    intervals = replay_intervals(m.results, slo, cfg.bootstrap_resamples,
+                                 (m.seed, m.item.position, 0x5C1))
+    summary = write_replay(m.item.out, m.results, slo, params, {
+        **m.extra, **intervals, "slo_controls": len(valid),
+        "control_spread": control_spread(valid)})
+    row = index_row(m.item.row, "vllm", m.item.schedule, summary, m.item.out, root)
+    row["schedule"] = m.item.row["path"]
+    return row
 
 
 class _PhaseClock:

@@ -9,6 +9,8 @@ import pytest
 from syncsafe.serving.capacity import (
     LoadError,
     LoadShape,
+    coarse_time_scale,
+    confirm_capacity,
     load_scale,
     load_shape,
     noise_probe,
@@ -69,9 +71,33 @@ def test_window_rates_and_the_busiest_window():
     assert (shape.peak_rate, shape.median_rate) == (pytest.approx(4.0), pytest.approx(1.0))
 
 
-def test_the_time_scale_puts_the_busiest_window_at_the_target_utilisation():
+def test_the_time_scale_puts_the_busiest_window_at_most_at_the_target_utilisation_on_a_coarse_grid():
     scale, peak_u, median_u = load_scale("bursty", 60.0, LoadShape(6.0, 1.5), 0.7, None)
-    assert scale == pytest.approx(7.0) and peak_u == pytest.approx(0.7) and median_u == pytest.approx(0.175)
+    # 0.7 * 60 / 6 = 7 is rounded down onto the grid: 6
+    assert scale == pytest.approx(6.0) and peak_u == pytest.approx(0.6) and median_u == pytest.approx(0.15)
+    assert load_scale("bursty", 60.0, LoadShape(6.0, 1.5), 0.8, None)[0] == pytest.approx(8.0)
+
+
+def test_the_coarse_grid_gives_two_nearby_capacities_the_same_time_scale():
+    assert [coarse_time_scale(x) for x in (0.31, 1.0, 1.49, 3.18, 3.9, 7.0, 9.99, 12.5, 33.0)] == \
+        [0.3, 1.0, 1.25, 3.0, 3.0, 6.0, 8.0, 12.5, 30.0]
+    for raw in np.geomspace(0.05, 500.0, 200):
+        grid = coarse_time_scale(raw)
+        assert grid <= raw * (1 + 1e-9) and raw / grid < 4 / 3 + 1e-9  # at most one grid step below
+    with pytest.raises(LoadError):
+        coarse_time_scale(float("nan"))
+
+
+def test_the_capacity_is_confirmed_by_repeats_and_stepped_down_when_one_fails():
+    send, sent = queue_sender(capacity=50.0)
+    _, bound, probes = search_capacity(send, MIX, first_guess_rps=30.0, probe_s=20.0, ttft_factor=3.0)
+    confirmed, repeats = confirm_capacity(send, MIX, 45.0, probes[0].rate_rps, 20.0, bound, seed=0)
+    assert confirmed < 45.0 and all(p.sustained for p in repeats if p.rate_rps == confirmed)
+    assert sum(p.rate_rps == confirmed for p in repeats) == 2 and not repeats[0].sustained
+    held, again = confirm_capacity(send, MIX, 20.0, probes[0].rate_rps, 20.0, bound, seed=0)
+    assert held == 20.0 and len(again) == 2 and all(p.sustained for p in again)
+    floor, _ = confirm_capacity(send, MIX, 49.9, 40.0, 20.0, bound, seed=0)  # never sustained above the floor
+    assert floor == 40.0
 
 
 def test_a_fixed_time_scale_that_overloads_the_server_is_refused_in_one_line():

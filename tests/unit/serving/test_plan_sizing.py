@@ -12,7 +12,16 @@ from syncsafe.control.serving_model import Calibration
 from syncsafe.schedules.action_space import ActionSpace
 from syncsafe.schedules.schedule import Schedule
 from syncsafe.schedules.span import span_count
-from syncsafe.serving.plan_sizing import RegimeDesign, SeedInputs, expected_pairs, informative, size_plans, wall_s
+from syncsafe.serving.plan_sizing import (
+    PlanError,
+    RegimeDesign,
+    SeedInputs,
+    expected_pairs,
+    floor_met,
+    informative,
+    size_plans,
+    wall_s,
+)
 
 pytestmark = pytest.mark.slow  # each plan evaluates the power of several spans (about a minute in all)
 
@@ -61,13 +70,40 @@ def test_the_plan_fits_its_budget_and_adds_controllers_only_while_it_fits():
     assert large.regimes["bursty"].span_s >= plan.span_s and large.regimes["bursty"].wall_s <= 2000.0
 
 
-def test_draws_give_way_before_the_span_does_and_an_impossible_budget_says_underpowered():
+def test_draws_give_way_before_the_span_does_and_a_budget_that_cannot_pay_for_the_primary_fails():
     d = {"bursty": design()}
-    two = size_plans(d, ["primary"], budget_s=400.0, threshold=1.05, power_target=0.8, max_draws=2).regimes["bursty"]
-    one = size_plans(d, ["primary"], budget_s=300.0, threshold=1.05, power_target=0.8, max_draws=2).regimes["bursty"]
-    assert (two.draws, one.draws) == (2, 1) and one.wall_s <= 300.0 and one.power.power >= 0.8
-    none = size_plans(d, ["primary"], budget_s=5.0, threshold=1.05, power_target=0.8, max_draws=2).regimes["bursty"]
-    assert none.draws == 1 and none.power.power < 0.8
+    three = size_plans(d, ["primary"], budget_s=460.0, threshold=1.05, power_target=0.8, max_draws=3).regimes["bursty"]
+    two = size_plans(d, ["primary"], budget_s=400.0, threshold=1.05, power_target=0.8, max_draws=3).regimes["bursty"]
+    assert (three.draws, two.draws) == (3, 2) and two.wall_s <= 400.0 and two.power.power >= 0.8
+    # never fewer than two draws: one can never bring the rank test below alpha
+    with pytest.raises(PlanError, match=r"budget_s 340 s cannot pay for the primary's regime bursty: .* needs about "
+                                        r"\d+ s of replays with 2 draw\(s\)"):
+        size_plans(d, ["primary"], budget_s=340.0, threshold=1.05, power_target=0.8, max_draws=3)
+    assert size_plans(d, ["primary"], budget_s=340.0, threshold=1.05, power_target=0.8,
+                      max_draws=1).regimes["bursty"].draws == 1  # what params allow
+
+
+def test_a_regime_no_span_can_power_is_planned_underpowered_and_says_so():
+    d = {"bursty": design(noise_sd=30.0)}  # noise swamps the merge effect on every span
+    none = size_plans(d, ["primary"], budget_s=400.0, threshold=1.05, power_target=0.8, max_draws=2).regimes["bursty"]
+    assert none.draws == 1 and none.power.power < 0.8 and none.wall_s <= 400.0
+
+
+def test_every_planned_replay_meets_the_request_floor():
+    d = replace(design(), min_requests=300, min_merge_active=30)
+    sized = size_plans({"bursty": d}, ["primary"], budget_s=4000.0, threshold=1.05, power_target=0.8,
+                       max_draws=2).regimes["bursty"]
+    assert floor_met(d, "primary", sized.span_s, sized.draws)
+    for seed in d.seeds:  # 4 requests per trace second: 300 requests need a 75 s span
+        assert (seed.requests["arrival_s"] < sized.span_s).sum() >= 300
+    assert not floor_met(d, "primary", 60.0, 2)
+    unreachable = replace(design(), min_requests=5000)
+    assert "every replay has 5000 requests" in size_plans(
+        {"other": replace(design(), regime="other"), "bursty": unreachable}, ["primary"], budget_s=4000.0,
+        threshold=1.05, power_target=0.8, max_draws=2).left_out["bursty"]
+    with pytest.raises(PlanError, match="the primary's regime bursty has no span: .* 5000 requests"):
+        size_plans({"bursty": unreachable}, ["primary"], budget_s=4000.0, threshold=1.05, power_target=0.8,
+                   max_draws=2)
 
 
 def test_regimes_come_in_order_while_the_budget_allows_and_one_that_does_not_fit_is_left_out_with_why():
@@ -79,9 +115,8 @@ def test_regimes_come_in_order_while_the_budget_allows_and_one_that_does_not_fit
     both = size_plans(d, ["primary"], budget_s=4000.0, threshold=1.05, power_target=0.8, max_draws=2)
     assert set(both.regimes) == {"bursty", "slow"} and both.left_out == {}
     assert sum(p.wall_s for p in both.regimes.values()) <= 4000.0
-    starved = size_plans(d, ["primary"], budget_s=5.0, threshold=1.05, power_target=0.8, max_draws=2)
-    assert list(starved.regimes) == ["bursty"] and starved.regimes["bursty"].span_s == 5.0  # the smallest plan
-    assert "the budget powers no regime, so only the first one is replayed" in starved.left_out["slow"]
+    with pytest.raises(PlanError, match="primary's regime bursty"):  # the first regime is never left out
+        size_plans(d, ["primary"], budget_s=5.0, threshold=1.05, power_target=0.8, max_draws=2)
 
 
 def test_a_fixed_span_is_kept_and_its_power_stated():

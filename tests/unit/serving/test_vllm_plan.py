@@ -12,10 +12,12 @@ from syncsafe.schedules.schedule import Schedule
 from syncsafe.schedules.span import span_count
 from syncsafe.serving.vllm_plan import (
     check_span_budget,
+    block_order,
     nearest_controls,
-    replay_order,
+    span_cadence,
     span_draws,
     vllm_controllers,
+    vllm_regimes,
     vllm_seed_split,
 )
 
@@ -28,20 +30,28 @@ def rows(seed: int, draws: int = 4) -> list[pd.Series]:
                        "path": f"runs/x/bursty/seed-{seed}/{n}.json"}) for n in names]
 
 
-def test_no_sync_controls_run_first_between_and_last_and_the_rest_in_a_seeded_shuffle():
-    orders = {}
-    for seed in range(6):
-        order = replay_order("bursty", seed, rows(seed), controls=3)
-        controls = [(i, c) for i, (_, c) in enumerate(order) if c is not None]
-        assert controls == [(0, 0), (3, 1), (7, 2)], "first, in the middle (5 replays split 2 / 3) and last"
-        assert all(r["source"] == "no_sync" for i, _ in controls for r in [order[i][0]])
-        assert sum(r["source"] != "no_sync" for r, _ in order) == 5
-        again = replay_order("bursty", seed, rows(seed), controls=3)  # seeded
-        assert [(r["path"], c) for r, c in again] == [(r["path"], c) for r, c in order]
-        orders[seed] = tuple(r["path"].rsplit("/", 1)[1] for r, c in order if c is None)
-    assert len(set(orders.values())) > 1  # not the same order on every seed
-    four = replay_order("bursty", 0, rows(0, draws=6), controls=4)
-    assert [i for i, (_, c) in enumerate(four) if c is not None] == [0, 3, 7, 10]
+def test_every_block_holds_a_control_and_replays_of_every_seed_in_a_seeded_order():
+    by_seed = {seed: rows(seed, draws=5) for seed in range(4)}  # per seed: controller + 5 draws + no-sync
+    order = block_order("bursty", by_seed, blocks=3)
+    assert len(order) == 4 * (6 + 3)
+    blocks = [o.block for o in order]
+    assert blocks == sorted(blocks), "blocks run one after the other"
+    for block in range(3):
+        inside = [o for o in order if o.block == block]
+        for seed in range(4):
+            mine = [o for o in inside if o.seed == seed]
+            assert [o.control for o in mine if o.control is not None] == [block]  # one control per seed
+            assert sum(o.control is None for o in mine) == 2  # 6 replays with merges dealt over 3 blocks
+    for seed in range(4):  # each seed's replays with merges, each exactly once
+        merged = sorted(o.row["path"] for o in order if o.seed == seed and o.control is None)
+        assert merged == sorted(r["path"] for r in by_seed[seed] if r["source"] != "no_sync")
+    again = block_order("bursty", by_seed, blocks=3)
+    assert [(o.seed, o.row["path"], o.control) for o in again] == [(o.seed, o.row["path"], o.control) for o in order]
+    first_block = [o.seed for o in order if o.block == 0]
+    assert first_block != sorted(first_block), "seeds are interleaved inside a block, not run one after another"
+    assert [o.seed for o in block_order("steady", by_seed, 3)] != [o.seed for o in order]  # seeded per regime
+    with pytest.raises(ValueError, match="expected one no_sync"):
+        block_order("bursty", {0: rows(0)[1:]}, 3)
 
 
 def test_nearest_controls_by_distance_in_replay_order_the_earlier_on_a_tie():
@@ -90,8 +100,32 @@ def test_seed_split(raw_params):
     raw_params["seeds"] = [0, 1, 2, 3, 4]
     raw_params["replay"]["vllm"].update({"seeds": None, "fit_seeds": None, "held_out_seeds": None})
     params = parse_params(raw_params)
-    assert vllm_seed_split(params) == ([0], [1, 2, 3])
+    assert vllm_seed_split(params) == ([0, 1], [2, 3])  # half fitted on, half held out
     assert vllm_controllers(params)[0] == params.analysis.primary.policy
+
+
+def test_the_primary_regime_is_always_planned_first(raw_params):
+    raw_params["replay"]["vllm"]["regimes"] = ["azure_conv", "steady"]
+    raw_params["analysis"]["primary"]["regime"] = "steady"
+    assert vllm_regimes(parse_params(raw_params)) == ["steady", "azure_conv"]
+    raw_params["analysis"]["primary"]["regime"] = "bursty"  # not listed: planned all the same
+    assert vllm_regimes(parse_params(raw_params)) == ["bursty", "azure_conv", "steady"]
+
+
+def test_the_span_cadence_has_the_controllers_counts_and_is_the_most_even_such_schedule():
+    rng = np.random.default_rng(3)
+    for trial in range(40):
+        n = int(rng.choice([c for c in SPACE.merge_counts() if c > 0]))
+        ctrl = controller(SPACE.sample(n, rng), seed=trial)
+        span = float(rng.uniform(40.0, 600.0))
+        even = span_cadence(ctrl, SPACE, span)
+        check_span_budget(ctrl, even, span)
+        assert SPACE.contains(even.merge_starts_s) and (even.source, even.matched_to) == ("even_cadence", "wa_diloco")
+        gaps = np.diff([0.0, *even.merge_starts_s])
+        for draw in span_draws(ctrl, SPACE, span, draws=3):  # no count-matched draw is more even
+            assert np.ptp(gaps) <= np.ptp(np.diff([0.0, *draw.merge_starts_s])) + 1e-9
+    whole = controller(SPACE.starts(SPACE.evenly_spaced_gaps(6)))
+    assert span_cadence(whole, SPACE, 600.0).merge_starts_s == whole.merge_starts_s  # span = trace: fixed cadence
 
 
 def test_fit_and_held_out_seeds_may_not_overlap(raw_params):
