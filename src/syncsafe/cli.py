@@ -28,6 +28,9 @@ app.add_typer(replay_app, name="replay")
 study_app = typer.Typer(help="Studies (studies/<name>.yaml): ablations and sensitivity sweeps as DVC experiments.",
                         no_args_is_help=True)
 app.add_typer(study_app, name="study")
+real_arm_app = typer.Typer(help="The real (vLLM) arm's outputs: `compare A B` checks that two runs reproduce.",
+                           no_args_is_help=True)
+app.add_typer(real_arm_app, name="real-arm")
 
 ParamsOpt = Annotated[Path, typer.Option("--params", help="params.yaml to read")]
 RootOpt = Annotated[Path, typer.Option("--root", help="project root that data/ and runs/ live under")]
@@ -323,6 +326,34 @@ def compare(
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1) from None
     typer.echo(render_table(table, fmt), nl=False)
+
+
+@real_arm_app.command("compare")
+@_fails_cleanly
+def real_arm_compare(
+    a: Annotated[Path, typer.Argument(help="project root of the first run (its runs/ and reports/)")],
+    b: Annotated[Path, typer.Argument(help="project root of the second run")],
+    time_scale_tolerance: Annotated[
+        float, typer.Option("--time-scale-tolerance", min=0.0, help="largest relative gap of the plans' time scales")
+    ] = 0.10,
+) -> None:
+    """Does the real arm reproduce? Plans, tiers, gate ratios, held-out fidelity and the real controller minus
+    matched random of run A against run B.
+
+    Exit 0: everything reproduces; 1: something does not (one line per failure on stderr); 2: an input file
+    is missing or malformed (named).
+    """
+    from syncsafe.analysis.reproduce import compare_real_arms, render
+
+    result = compare_real_arms(a, b, time_scale_tolerance=time_scale_tolerance)
+    for line in render(result):
+        typer.echo(line)
+    failures = result.failures
+    if failures:
+        for line in failures:
+            typer.echo(f"not reproduced: {line}", err=True)
+        raise typer.Exit(1)
+    typer.echo("reproduces: same plan and tiers; gate, fidelity and real-vs-random agree")
 
 
 @app.command()
