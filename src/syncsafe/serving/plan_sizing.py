@@ -169,12 +169,26 @@ def informative(design: RegimeDesign, controller: str, span_s: float) -> bool:
     return True
 
 
-def floor_met(design: RegimeDesign, controller: str, span_s: float, draws: int) -> bool:
+def nominal_lives(design: RegimeDesign) -> list[float]:
+    """Per planned seed, the nominal request lifetime the gate will use (trace seconds): the median E2E of
+    its no-sync replay, simulated with the profiled costs over the whole trace."""
+    lives = []
+    for seed in design.seeds:
+        twin = simulate_at_time_scale(seed.requests, seed.timeline, seed.no_sync, design.prior, seed.seed,
+                                      design.time_scale)
+        e2e = twin["e2e_ms"].to_numpy(dtype=float)
+        e2e = e2e[np.isfinite(e2e)]
+        lives.append(float(np.median(e2e)) / 1000.0 * design.time_scale if e2e.size else 0.0)
+    return lives
+
+
+def floor_met(design: RegimeDesign, controller: str, span_s: float, draws: int,
+              lives: list[float] | None = None) -> bool:
     """True when every planned replay of `controller` in [0, span_s) meets the request floor: each seed's span
     holds `min_requests` requests, and the controller, its `draws` span-matched draws and its span cadence
-    each have `min_merge_active` arrivals inside their merge windows (a lower bound on the merge-active
-    requests, which also count those in flight when a window opens)."""
-    for seed in design.seeds:
+    each have `min_merge_active` requests the gate counts as merge-active (`gate.merge_active` with the
+    seed's nominal lifetime, `nominal_lives`; 0 without, which counts arrivals inside windows only)."""
+    for index, seed in enumerate(design.seeds):
         arrival = seed.requests["arrival_s"].to_numpy(dtype=float)
         arrival = arrival[arrival < span_s]
         if arrival.size < design.min_requests:
@@ -182,9 +196,11 @@ def floor_met(design: RegimeDesign, controller: str, span_s: float, draws: int) 
         controller_schedule = seed.controllers[controller]
         if not controller_schedule.merge_starts_s or design.min_merge_active == 0:
             continue
+        life_s = lives[index] if lives is not None else 0.0
         schedules = [controller_schedule, *span_draws(controller_schedule, design.space, span_s, draws),
                      span_cadence(controller_schedule, design.space, span_s)]
-        if any(int(merge_active(_cut(s, span_s), arrival, 0.0).sum()) < design.min_merge_active for s in schedules):
+        if any(int(merge_active(_cut(s, span_s), arrival, life_s).sum()) < design.min_merge_active
+               for s in schedules):
             return False
     return True
 
@@ -252,8 +268,9 @@ def size_plans(designs: dict[str, RegimeDesign], controllers: list[str], budget_
         return cache[key]
 
     # candidate spans: where the primary's real comparison with random carries information
+    lives = {r: nominal_lives(d) if d.min_merge_active else None for r, d in designs.items()}
     informative_grids = {r: [g for g in _grid(d) if informative(d, controllers[0], g)
-                             and floor_met(d, controllers[0], g, max_draws)] for r, d in designs.items()}
+                             and floor_met(d, controllers[0], g, max_draws, lives[r])] for r, d in designs.items()}
 
     def shortest(regime: str, n: int, draws: int) -> float | None:
         if fixed_span_s is not None:

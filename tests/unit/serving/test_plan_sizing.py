@@ -18,6 +18,7 @@ from syncsafe.serving.plan_sizing import (
     SeedInputs,
     expected_pairs,
     floor_met,
+    nominal_lives,
     informative,
     size_plans,
     wall_s,
@@ -97,6 +98,13 @@ def test_every_planned_replay_meets_the_request_floor():
     for seed in d.seeds:  # 4 requests per trace second: 300 requests need a 75 s span
         assert (seed.requests["arrival_s"] < sized.span_s).sum() >= 300
     assert not floor_met(d, "primary", 60.0, 2)
+    lives = nominal_lives(d)  # requests in flight when a window opens count as merge-active too
+    assert all(life > 0 for life in lives)
+    strict = replace(d, min_requests=1, min_merge_active=60)
+    spans = np.arange(20.0, 240.0, 5.0)
+    inside = [g for g in spans if floor_met(strict, "primary", g, 2)]
+    with_life = [g for g in spans if floor_met(strict, "primary", g, 2, lives)]
+    assert set(inside) <= set(with_life) and (not inside or with_life[0] <= inside[0])
     unreachable = replace(design(), min_requests=5000)
     assert "every replay has 5000 requests" in size_plans(
         {"other": replace(design(), regime="other"), "bursty": unreachable}, ["primary"], budget_s=4000.0,
