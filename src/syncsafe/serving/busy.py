@@ -10,8 +10,11 @@ is *not* this stage's own: not this process and not any of its descendants
 out (their work is mostly the replay's own loopback traffic).
 
 CPU time a foreign process spent during the replay counts: for a process
-seen at the first sample, what it gained since; for one that appeared later
-(created after the replay began), all of its CPU time. A process that lives
+that existed when the watch began (seen at the first sample, or first seen
+later but created before the watch: psutil's `create_time` is an epoch
+instant, so it is compared with the epoch the watch began at, never with the
+monotonic clock), what it gained since it was first seen; for one created
+during the watch, all of its CPU time. A process that lives
 and dies between two samples is missed, so a long `interval_s` undercounts
 short jobs. `ForeignCpu.cores` is foreign CPU seconds per wall second (0.5 =
 half a core busy on average); the replay stage marks a replay invalid
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 
 import psutil
@@ -58,7 +62,8 @@ class ForeignCpuMonitor:
         self._last: dict[tuple[int, float], tuple[str, float]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="foreign-cpu-monitor", daemon=True)
-        self._started = 0.0
+        self._started = 0.0  # monotonic (syncsafe.timebase): the watch's wall time
+        self._started_epoch = 0.0  # epoch: what a process's create_time is compared with
         self._ended: float | None = None
 
     def _own(self) -> set[int]:
@@ -75,7 +80,7 @@ class ForeignCpuMonitor:
             cpu = float(times.user + times.system)
             if key not in self._base:
                 # seen at the start: only what it gains from now on; created during the watch: all of it
-                self._base[key] = cpu if first or key[1] < self._started else 0.0
+                self._base[key] = cpu if first or key[1] < self._started_epoch else 0.0
             self._last[key] = (str(info.get("name") or "?"), cpu)
 
     def _run(self) -> None:
@@ -84,6 +89,7 @@ class ForeignCpuMonitor:
 
     def __enter__(self) -> ForeignCpuMonitor:
         self._started = timebase.now()
+        self._started_epoch = time.time()
         self._sample(first=True)
         self._thread.start()
         return self
