@@ -386,6 +386,7 @@ def run_pipeline(
     each item, so `dvc repro` afterwards has nothing to do. Per-item logs: logs/run/."""
     from syncsafe.pipeline import parallel
 
+    parallel.check_jobs(jobs)  # before anything is read: `--jobs 0 --dry-run` is refused too
     params = load_params(root / "params.yaml")
     if dry_run:
         items = parallel.plan(params)

@@ -123,3 +123,12 @@ def test_a_failed_run_exits_1_and_click_exits_pass_through(tmp_path):
     result = _run("replay", "index", "--root", tmp_path)  # no replay sets: a run that cannot proceed
     assert result.exit_code == 1 and "no replay sets" in _one_clean_line(result.output)
     assert _run("compare", "--format", "xml", "--root", tmp_path).exit_code == 2
+
+
+@pytest.mark.parametrize("jobs, extra", [("0", []), ("-5", ["--dry-run"]), ("0", ["--dry-run"])])
+def test_run_refuses_a_number_of_cores_below_one_in_one_line(tmp_path, jobs, extra):
+    """`--jobs 0` ran on every core and `--jobs -5 --dry-run` exited 0; both are refused before anything runs."""
+    result = _run("run", "--jobs", jobs, *extra, "--root", tmp_path)
+    assert result.exit_code == EXIT_BAD_INPUT
+    assert f"--jobs {jobs}: expected a number of cores, at least 1" in _one_clean_line(result.output)
+    assert not (tmp_path / "logs").exists()

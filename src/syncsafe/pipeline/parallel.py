@@ -200,12 +200,17 @@ def _stops_children(running: dict[str, Running]) -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def check_jobs(jobs: int | None) -> None:
+    """BadInput unless `jobs` is None (every core) or a whole number of cores, at least 1."""
+    if jobs is not None and jobs < 1:
+        raise BadInput(f"--jobs {jobs}: expected a number of cores, at least 1")
+
+
 def run(params: Params, root: Path = Path("."), jobs: int | None = None, force: bool = False,
         echo: Callable[[str], None] = print, poll_s: float = 0.5) -> Outcome:
     """Run the stale items of the pipeline (all with `force`), `jobs` cores at a time (default: all)."""
-    jobs = jobs or os.cpu_count() or 1
-    if jobs < 1:
-        raise BadInput(f"--jobs {jobs}: expected at least 1")
+    check_jobs(jobs)
+    jobs = jobs if jobs is not None else os.cpu_count() or 1
     root = Path(root)
     items = plan(params)
     todo = {i.name for i in items} if force else stale(items, root)
