@@ -24,7 +24,6 @@ share from it (`syncsafe.analysis.calibration.fit`).
 from __future__ import annotations
 
 import asyncio
-import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -32,7 +31,7 @@ import aiohttp
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from syncsafe import timebase
+from syncsafe import localhttp, timebase
 from syncsafe.config import max_num_seqs
 from syncsafe.control.live_signals import sum_samples
 from syncsafe.control.serving_model import MAX_MERGE_SHARE, Calibration
@@ -106,7 +105,7 @@ class ServerProfile(BaseModel):
 
 
 def scrape(base_url: str, timeout_s: float = 5.0) -> str:
-    with urllib.request.urlopen(f"{base_url}/metrics", timeout=timeout_s) as resp:
+    with localhttp.urlopen(f"{base_url}/metrics", timeout=timeout_s) as resp:
         return resp.read().decode()
 
 

@@ -39,7 +39,7 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
-from syncsafe import io, timebase
+from syncsafe import io, localhttp, timebase
 from syncsafe.artifacts import layout
 from syncsafe.artifacts.calibration import model_json
 from syncsafe.artifacts.replay_sets import write_signals, write_windows
@@ -110,12 +110,11 @@ class MetricsScraper:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        import urllib.request
 
         while not self._stop.is_set():
             now = timebase.now()
             try:
-                with urllib.request.urlopen(self.url, timeout=SCRAPE_TIMEOUT_S) as resp:
+                with localhttp.urlopen(self.url, timeout=SCRAPE_TIMEOUT_S) as resp:
                     gauges = parse_gauges(resp.read().decode())
                 self.rows.append({"t_s": (now - self.start_epoch) * self.time_scale, **gauges})
             except Exception as err:  # noqa: BLE001 - every failed scrape is counted, none ends the thread

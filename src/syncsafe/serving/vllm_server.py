@@ -41,10 +41,10 @@ import subprocess
 import threading
 import time
 import urllib.error
-import urllib.request
 from pathlib import Path
 from types import FrameType, TracebackType
 
+from syncsafe import localhttp
 from syncsafe.config import RESERVED_SERVER_ARGS
 from syncsafe.errors import BadInput
 from syncsafe.procs import ADDRESS_IN_USE, LOOPBACK, descendants, die_with_parent, free_port, log_tail, scratch_dir
@@ -71,7 +71,7 @@ def check_server_args(args: list[str], where: str = "replay.vllm.server_args") -
 def served_models(base_url: str, timeout_s: float = 2.0) -> list[str] | None:
     """Model ids `GET /v1/models` lists, or None when nothing answers there as an OpenAI server."""
     try:
-        with urllib.request.urlopen(f"{base_url}/v1/models", timeout=timeout_s) as resp:
+        with localhttp.urlopen(f"{base_url}/v1/models", timeout=timeout_s) as resp:
             body = json.loads(resp.read().decode())
         return [str(m.get("id")) for m in body.get("data", [])]
     except (urllib.error.URLError, ConnectionError, TimeoutError, OSError, ValueError, AttributeError):

@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from syncsafe import localhttp
 from syncsafe.procs import LOOPBACK
 from syncsafe.team.daemons import TeamError
 from syncsafe.team.hostname import WORKER_ENV
@@ -199,7 +200,7 @@ class AirflowClient:
 
 
 def _fetch(req: urllib.request.Request, timeout_s: float) -> str:
-    with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310 - the setup's own URL
+    with localhttp.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310 - the setup's own URL
         return resp.read().decode()
 
 

@@ -15,12 +15,12 @@ import socket
 import subprocess
 import time
 import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import psutil
 
+from syncsafe import localhttp
 from syncsafe.procs import LOOPBACK, free_port, log_tail, redact
 
 
@@ -132,7 +132,7 @@ def pick_port(preferred: int | None, address: str = LOOPBACK) -> int:
 
 def http_ok(url: str, timeout_s: float = 3.0) -> bool:
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - loopback URL we built
+        with localhttp.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - loopback URL we built
             return 200 <= resp.status < 300
     except (urllib.error.URLError, OSError, ValueError):
         return False
