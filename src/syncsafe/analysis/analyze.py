@@ -7,10 +7,14 @@ claim tiers and writes, into ``out_dir``:
   ``regime, policy, n_seeds, slo_pct_mean, sync_excess_pct_mean,
   p_vs_matched_random, seeds_won, tier, p_rank, p_adjusted, gap_closed_mean,
   gap_closed_ci_low, gap_closed_ci_high, calibration`` first, then
-  ``reason`` and the supporting numbers.
-* ``envelope.csv``: one row per controller run (regime x policy x seed):
-  sync-excess, the matched-random envelope (min/mean/max), rank, references
-  and gap closed.
+  ``block`` (the runs table's label, or ``vllm`` for the real-only block),
+  ``reason`` and the supporting numbers; the runs table's rows first, then
+  the real-only block's (`real_runs`: real replays judged on their own, in
+  the same test family).
+* ``envelope.csv``: one row per controller run (regime x policy x seed) of
+  the runs table: sync-excess, the matched-random envelope (min/mean/max),
+  rank, references and gap closed (the real-only block's per-seed rows are
+  in the report).
 * ``metrics.json``: the headline DVC metrics (see :mod:`syncsafe.analysis.metrics`).
 * ``report.md`` and the figure it references.
 
@@ -34,7 +38,7 @@ from syncsafe.analysis.figures import ENVELOPE_FIGURE, envelope_figure, write_pn
 from syncsafe.analysis.metrics import headline_metrics
 from syncsafe.analysis.protocol import DEFAULT_LOSS_MARGIN, run_protocol
 from syncsafe.analysis.report import ReportContext, render_report
-from syncsafe.analysis.runs_table import load_runs_table
+from syncsafe.analysis.runs_table import MAIN_BLOCK, REAL_BLOCK, load_runs_table
 from syncsafe.analysis.verdicts import DEFAULT_ALPHA, assign_tiers
 from syncsafe.artifacts import layout
 from syncsafe.artifacts.reports import CONTRACT_COLUMNS
@@ -86,6 +90,8 @@ class AnalysisResult:
     metrics: dict[str, object]
     report: str
     files: Mapping[str, Path] = field(default_factory=dict)
+    #: Per-seed scores of the real-only block (empty without one).
+    real_seeds: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def analyze_runs(
@@ -104,6 +110,9 @@ def analyze_runs(
     extra_tests: Mapping[Hashable, float] | None = None,
     targets: FidelityTargets | None = None,
     gate_ratio_threshold: float | None = None,
+    real_runs: str | os.PathLike[str] | pd.DataFrame | None = None,
+    block: str = MAIN_BLOCK,
+    real_notes: list[str] | None = None,
 ) -> AnalysisResult:
     """Run the evidence protocol on a runs table and write the report files.
 
@@ -113,21 +122,28 @@ def analyze_runs(
     (None: one Holm family); `fidelity` licenses (or not) the rows replayed on the simulator; `targets` and
     `gate_ratio_threshold` (params) are what the evidence is judged against, whatever the evidence files
     recorded; `source` names the runs in the report (default: the file, or ``<DataFrame>``).
+    `real_runs` (a runs table of real vLLM replays only) is judged on its own as the real-only block, in the
+    same family; `block` labels `runs`' rows and `real_notes` (what the real block left out, and why) go
+    into the report's section on it.
     """
     if targets is not None and fidelity is not None:
         fidelity = fidelity.model_copy(update={"targets": targets})
     if gate_ratio_threshold is not None and mechanism is not None:
         mechanism = mechanism.model_copy(update={"gate_ratio_threshold": gate_ratio_threshold})
     table = load_runs_table(runs if isinstance(runs, pd.DataFrame) else Path(runs))
+    real = None if real_runs is None else load_runs_table(
+        real_runs if isinstance(real_runs, pd.DataFrame) else Path(real_runs))
     protocol = run_protocol(table, primary=primary, loss_margin=loss_margin, confidence=confidence,
-                            extra_tests=extra_tests)
+                            extra_tests=extra_tests, real=real, block=block)
     policy_table = _ordered(assign_tiers(protocol.policies, mechanism, fidelity=fidelity, alpha=alpha))
     envelope = protocol.seeds.loc[protocol.seeds["n_draws"].notna(), list(ENVELOPE_COLUMNS)]
     envelope = envelope.astype({"n_draws": int}).reset_index(drop=True)
     metrics = headline_metrics(policy_table, alpha=alpha, fidelity=fidelity)
     context = ReportContext(source=source or table.source, alpha=alpha, mechanism=mechanism, fidelity=fidelity,
-                            primary=primary, loss_margin=loss_margin, seeds=sorted(table.frame["seed"].unique()))
-    report = render_report(policy_table, protocol.seeds, context, figure=ENVELOPE_FIGURE)
+                            primary=primary, loss_margin=loss_margin, seeds=sorted(table.frame["seed"].unique()),
+                            real_notes=list(real_notes or []))
+    report = render_report(policy_table, protocol.seeds, context, figure=ENVELOPE_FIGURE,
+                           real_seeds=protocol.real_seeds)
     if extra_sections:
         texts = [part if isinstance(part, str) else part(protocol.extra_adjusted) for part in extra_sections]
         report = report.rstrip("\n") + "\n\n" + "\n\n".join(texts) + "\n"
@@ -141,7 +157,7 @@ def analyze_runs(
         **(extra_files or {}),
     }
     files = write_all_or_nothing(Path(out_dir), writers)
-    return AnalysisResult(policy_table, envelope, protocol.seeds, metrics, report, files)
+    return AnalysisResult(policy_table, envelope, protocol.seeds, metrics, report, files, protocol.real_seeds)
 
 
 def write_all_or_nothing(out_dir: Path, writers: Mapping[str, Writer]) -> dict[str, Path]:
@@ -163,9 +179,11 @@ def write_all_or_nothing(out_dir: Path, writers: Mapping[str, Writer]) -> dict[s
 
 
 def _ordered(policy_table: pd.DataFrame) -> pd.DataFrame:
-    leading = [*CONTRACT_COLUMNS, "reason"]
+    """Contract columns first, then ``block`` and ``reason``; the runs table's rows, then the real-only block's."""
+    leading = [*CONTRACT_COLUMNS, "block", "reason"]
     rest = [c for c in policy_table.columns if c not in leading]
-    return policy_table[leading + rest].sort_values(["regime", "policy"], ignore_index=True)
+    ordered = policy_table[leading + rest].assign(_real=policy_table["block"] == REAL_BLOCK)
+    return ordered.sort_values(["_real", "regime", "policy"], ignore_index=True).drop(columns="_real")
 
 
 def _json(metrics: Mapping[str, object]) -> str:

@@ -11,7 +11,11 @@ full table stays in ``policy_table.csv``:
   lowest adjusted p, then most gap closed), the highest ``tier_rank`` reached
   and how many controllers beat matched random;
 - ``fidelity``: the simulator's held-out errors, sign agreement and whether
-  it licenses verdicts (1) or not (0).
+  it licenses verdicts (1) or not (0);
+- ``real_only``: per regime and controller of the real-only block (the real
+  replays judged on their own), its ``p_rank``, ``p_adjusted``, the smallest
+  rank p its seeds and draws allow (``p_rank_min``), ``n_seeds`` and
+  ``tier_rank``. The keys above are of the runs table's rows only.
 
 Only finite numbers are written (JSON has no NaN/inf). Tier ranks: 1 stress
 harness only, 2 mechanism transfers, 3 beats fixed cadence, 4 beats matched
@@ -26,7 +30,7 @@ from typing import Any
 import pandas as pd
 
 from syncsafe.analysis.evidence import FidelityEvidence
-from syncsafe.analysis.runs_table import is_controller
+from syncsafe.analysis.runs_table import REAL_BLOCK, is_controller
 from syncsafe.analysis.verdicts import Tier
 
 
@@ -34,7 +38,16 @@ def headline_metrics(policies: pd.DataFrame, *, alpha: float, fidelity: Fidelity
     """The nested, finite-only metrics object (see the module docstring)."""
     metrics: dict[str, Any] = {"alpha": alpha}
     controllers = policies[policies["policy"].map(is_controller)]
+    real = controllers["block"] == REAL_BLOCK if "block" in controllers.columns else controllers["policy"].isna()
+    if real.any():
+        metrics["real_only"] = {
+            str(regime): {str(r["policy"]): _finite({
+                "p_rank": r["p_rank"], "p_adjusted": r["p_adjusted"], "p_rank_min": r.get("p_rank_min"),
+                "n_seeds": r["n_seeds"], "tier_rank": r["tier_rank"]}) for r in rows.to_dict("records")}
+            for regime, rows in controllers[real].groupby("regime", sort=True)}
+    # the declared primary's row (its real-only row when the runs table lacks it)
     primary = controllers[controllers["primary"]] if "primary" in controllers else controllers.iloc[0:0]
+    controllers = controllers[~real]
     if not primary.empty:
         row = primary.iloc[0]
         metrics["primary"] = _finite(
@@ -69,7 +82,7 @@ def headline_metrics(policies: pd.DataFrame, *, alpha: float, fidelity: Fidelity
 
 
 #: Keys that count things (written as integers).
-COUNT_KEYS = frozenset({"tier_rank", "top_tier_rank", "n_beats_matched_random", "licensed", "fitted"})
+COUNT_KEYS = frozenset({"tier_rank", "top_tier_rank", "n_beats_matched_random", "licensed", "fitted", "n_seeds"})
 
 
 def _finite(values: dict[str, Any]) -> dict[str, float | int]:

@@ -19,6 +19,9 @@ Per regime x policy across seeds (:func:`summarize_policies`):
 - ``p_vs_fixed_cadence`` (exact sign test against the evenly spaced twin)
   and its Holm-adjusted ``p_vs_fixed_cadence_adjusted`` over all controllers
   and regimes;
+- ``p_rank_min`` and ``p_vs_fixed_cadence_min``: the smallest p each test
+  can return with the seeds and draws the row has (the design's power floor:
+  above alpha, no data could have made the claim);
 - ``gap_closed_mean`` and its bootstrap interval: per seed
   ``(matched random - controller) / (matched random - oracle)``, seeds where
   random sits within one request of the oracle left out;
@@ -30,6 +33,12 @@ Per regime x policy across seeds (:func:`summarize_policies`):
 columns of their controller's row (averaging references of controllers with
 different merge counts would mean nothing). Tiers are assigned in
 :mod:`syncsafe.analysis.verdicts`.
+
+Blocks (``block``): the runs table is one block; a second runs table of real
+vLLM replays (``real``: the real arm's controller, its span-matched draws
+and its span cadence) is scored on its own, never pooled with the first, as
+the block :data:`~syncsafe.analysis.runs_table.REAL_BLOCK`. Its tests carry
+the block in their keys and join the same family.
 """
 
 from __future__ import annotations
@@ -48,9 +57,11 @@ from syncsafe.analysis.multiplicity import gatekept_adjusted
 from syncsafe.analysis.runs_table import (
     FIXED_H,
     LATENCY_COLUMNS,
+    MAIN_BLOCK,
     MATCHED_POLICIES,
     MATCHED_RANDOM_FREE,
     NO_SYNC,
+    REAL_BLOCK,
     RunsTable,
     is_controller,
 )
@@ -82,12 +93,18 @@ class ProtocolResult:
     * ``draws``: one row per controller run x matched-random draw.
     * ``policies``: one row per regime x policy (see :func:`summarize_policies`).
     * ``extra_adjusted``: the adjusted p of each test joined to the table's family (`with_adjusted_p`).
+    * ``real_seeds`` / ``real_draws``: ``seeds`` and ``draws`` of the real-only block (empty without one);
+      ``policies`` holds both blocks (``block``).
+    * ``family``: every test of the family, raw p by key (`table_family`).
     """
 
     seeds: pd.DataFrame
     draws: pd.DataFrame
     policies: pd.DataFrame
     extra_adjusted: Mapping[Hashable, float] = field(default_factory=dict)
+    real_seeds: pd.DataFrame = field(default_factory=pd.DataFrame)
+    real_draws: pd.DataFrame = field(default_factory=pd.DataFrame)
+    family: Mapping[Hashable, float] = field(default_factory=dict)
 
 
 def run_protocol(
@@ -97,20 +114,61 @@ def run_protocol(
     loss_margin: float = DEFAULT_LOSS_MARGIN,
     confidence: float = 0.95,
     extra_tests: Mapping[Hashable, float] | None = None,
+    real: RunsTable | None = None,
+    block: str = MAIN_BLOCK,
 ) -> ProtocolResult:
     """Score every run, build the envelopes and summarize each regime x policy.
 
     `primary` is the declared ``(policy, regime)`` tested first; None (or a
-    pair the table lacks) makes every test one Holm family. `extra_tests`
-    (p-values by key) join that family (`with_adjusted_p`).
+    pair neither block has) makes every test one Holm family. `extra_tests`
+    (p-values by key) join that family (`with_adjusted_p`). `real` (every
+    row on the real backend) is scored on its own as the real-only block;
+    `block` labels `table`'s rows.
     """
+    if block == REAL_BLOCK:
+        raise ValueError(f"block {REAL_BLOCK!r} is the real-only block's label; label the runs table otherwise")
+    seeds, draws, policies = _score_block(table, block, loss_margin, confidence)
+    real_seeds = real_draws = pd.DataFrame()
+    if real is not None:
+        _check_real(real)
+        real_seeds, real_draws, real_policies = _score_block(real, REAL_BLOCK, loss_margin, confidence,
+                                                             training_losses=training_losses(table))
+        policies = pd.concat([policies, real_policies], ignore_index=True)
+    adjusted, extra = with_adjusted_p(policies, primary, extra_tests)
+    return ProtocolResult(seeds=seeds, draws=draws, policies=adjusted, extra_adjusted=extra, real_seeds=real_seeds,
+                          real_draws=real_draws, family=table_family(policies, extra_tests))
+
+
+def _score_block(table: RunsTable, block: str, loss_margin: float, confidence: float,
+                 training_losses: pd.DataFrame | None = None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """One block's per-seed scores, draws and policy rows (``block`` set)."""
     baseline = no_sync_baseline(table)
     draws = draw_scores(table, baseline)
-    seeds = seed_scores(table, baseline, draws)
+    seeds = seed_scores(table, baseline, draws, training_losses=training_losses)
     policies = summarize_policies(seeds, draws, loss_margin=loss_margin, confidence=confidence)
-    policies = policies.assign(backend=[evidence_backend(table, r, p) for r, p in zip(policies["regime"], policies["policy"])])
-    adjusted, extra = with_adjusted_p(policies, primary, extra_tests)
-    return ProtocolResult(seeds=seeds, draws=draws, policies=adjusted, extra_adjusted=extra)
+    policies = policies.assign(backend=[evidence_backend(table, r, p) for r, p in zip(policies["regime"], policies["policy"])],
+                               block=block)
+    return seeds, draws, policies
+
+
+def _check_real(real: RunsTable) -> None:
+    """The real-only block holds real replays only: a row on another (or no) backend is an error naming it."""
+    other = real.frame[real.frame["backend"].fillna("unspecified") != REAL_BLOCK]
+    if not other.empty:
+        r = other.iloc[0]
+        raise ProtocolError(f"{real.source}: the real-only block holds {REAL_BLOCK} replays only, but "
+                            f"{r['regime']}/{r['policy']}/seed {int(r['seed'])} is on {r['backend']!s}: real and "
+                            "simulator replays are never mixed in one block")
+
+
+def training_losses(table: RunsTable) -> pd.DataFrame | None:
+    """Per (regime, policy, seed) of `table`'s controllers: the eval loss of the training run (the same run
+    whichever backend replays its schedule); None without an ``eval_loss`` column."""
+    if "eval_loss" not in table.frame.columns:
+        return None
+    runs = table.controller_runs()
+    runs = runs[runs["eval_loss"].notna()].astype({"regime": str, "policy": str})
+    return runs.groupby(ENVELOPE_KEY, as_index=False)["eval_loss"].mean()
 
 
 def evidence_backend(table: RunsTable, regime: str, policy: str) -> str:
@@ -125,8 +183,12 @@ def evidence_backend(table: RunsTable, regime: str, policy: str) -> str:
     return _joined(frame.loc[behind, "backend"].fillna("unspecified"))
 
 
-def seed_scores(table: RunsTable, baseline: pd.DataFrame, draws: pd.DataFrame) -> pd.DataFrame:
+def seed_scores(table: RunsTable, baseline: pd.DataFrame, draws: pd.DataFrame,
+                training_losses: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per regime x policy x seed, for controllers and ``no_sync``; see the module docstring.
+
+    `training_losses` (``regime, policy, seed, eval_loss``: the training runs, e.g. from another block's
+    table) supply the eval loss of a run without its own and of ``fixed_h`` where the table has none.
 
     Columns: ``regime, policy, role, seed, backend, slo_pct, no_sync_slo_pct,
     sync_excess_pct``, the table's latency columns, and for controllers
@@ -150,7 +212,9 @@ def seed_scores(table: RunsTable, baseline: pd.DataFrame, draws: pd.DataFrame) -
     floor = np.maximum(100.0 / scored["n_requests"] if "n_requests" in scored.columns else MIN_GAP_PP, MIN_GAP_PP)
     _check_oracle_gap(scored, gap, floor)
     scored["gap_closed"] = closed.where(gap >= floor)
-    scored["loss_rel_vs_fixed_h"] = _loss_vs_fixed_h(scored)
+    if training_losses is not None:
+        scored = _with_training_losses(scored, training_losses)
+    scored["loss_rel_vs_fixed_h"] = _loss_vs_fixed_h(scored, training_losses)
     scored.insert(2, "role", scored["policy"].map(role_of))
     return scored.sort_values(ENVELOPE_KEY, ignore_index=True)
 
@@ -197,11 +261,23 @@ def _normalised_ranks(scored: pd.DataFrame, draws: pd.DataFrame) -> pd.Series:
     return pd.Series(ranks, index=scored.index, dtype=float)
 
 
-def _loss_vs_fixed_h(scored: pd.DataFrame) -> pd.Series:
-    """Relative eval-loss difference to fixed_h on the same regime and seed (NaN where either is missing)."""
+def _with_training_losses(scored: pd.DataFrame, losses: pd.DataFrame) -> pd.DataFrame:
+    """`scored` with each run's eval loss taken from `losses` where it has none of its own."""
+    merged = scored.merge(losses.rename(columns={"eval_loss": "_train_loss"}), on=ENVELOPE_KEY, how="left")
+    own = merged["eval_loss"] if "eval_loss" in merged.columns else pd.Series(np.nan, index=merged.index)
+    merged["eval_loss"] = own.astype(float).fillna(merged["_train_loss"])
+    return merged.drop(columns="_train_loss")
+
+
+def _loss_vs_fixed_h(scored: pd.DataFrame, losses: pd.DataFrame | None = None) -> pd.Series:
+    """Relative eval-loss difference to fixed_h on the same regime and seed (NaN where either is missing);
+    fixed_h's loss from `losses` where `scored` has no fixed_h run of that seed."""
     if "eval_loss" not in scored.columns:
         return pd.Series(np.nan, index=scored.index)
-    fixed = scored[scored["policy"] == FIXED_H][["regime", "seed", "eval_loss"]].rename(columns={"eval_loss": "ref"})
+    fixed = scored[scored["policy"] == FIXED_H][["regime", "seed", "eval_loss"]].dropna()
+    if losses is not None:
+        fixed = pd.concat([fixed, losses[losses["policy"] == FIXED_H][["regime", "seed", "eval_loss"]]])
+    fixed = fixed.drop_duplicates(["regime", "seed"]).rename(columns={"eval_loss": "ref"})
     ref = scored[["regime", "seed"]].merge(fixed, on=["regime", "seed"], how="left")["ref"].to_numpy()
     return pd.Series((scored["eval_loss"].to_numpy() - ref) / ref, index=scored.index)
 
@@ -254,6 +330,7 @@ def _evidence(runs: pd.DataFrame, samples: dict, confidence: float) -> dict[str,
     vs_mr = stats.paired_test(matched["sync_excess_pct"], matched["mr_sync_excess_pct_mean"])
     even = runs[runs["even_sync_excess_pct"].notna()]
     vs_even = stats.sign_test(even["sync_excess_pct"], even["even_sync_excess_pct"])
+    draw_counts = [samples[k].size for k, ok in zip(keys, with_draws) if ok]
     gap = runs["gap_closed"].dropna()
     gap_low, gap_high = stats.bootstrap_mean_ci(gap, confidence=confidence) if gap.size else (np.nan, np.nan)
     with_oracle = int(runs["oracle_sync_excess_pct"].notna().sum())
@@ -268,6 +345,9 @@ def _evidence(runs: pd.DataFrame, samples: dict, confidence: float) -> dict[str,
         "seeds_won": int(runs["won"].sum()),
         "rank_mean": rank.rank_mean,
         "p_rank": rank.p_value,
+        "n_seeds_rank": rank.n,
+        "p_rank_min": smallest_rank_p(draw_counts),
+        "p_vs_fixed_cadence_min": smallest_sign_p(len(even)),
         "p_vs_matched_random": vs_mr.p_value,
         "n_seeds_vs_fixed_cadence": vs_even.n,
         "delta_vs_fixed_cadence_pct_mean": vs_even.effect,
@@ -277,6 +357,20 @@ def _evidence(runs: pd.DataFrame, samples: dict, confidence: float) -> dict[str,
         "gap_closed_ci_low": gap_low,
         "gap_closed_ci_high": gap_high,
     }
+
+
+def smallest_rank_p(draw_counts: Iterable[int]) -> float:
+    """The smallest p :func:`~syncsafe.analysis.stats.rank_test` can return with `draw_counts` draws on each
+    seed: the controller strictly below all its draws on every seed, prod 1 / (K_i + 1) (any tie only raises
+    it); computed by the test itself. 1.0 without a seed with draws."""
+    counts = [int(k) for k in draw_counts if k > 0]
+    return stats.rank_test(np.zeros(len(counts)), [np.ones(k) for k in counts]).p_value
+
+
+def smallest_sign_p(n_seeds: int) -> float:
+    """The smallest p :func:`~syncsafe.analysis.stats.sign_test` can return on `n_seeds` pairs (below its
+    reference on every seed: 2^-n); 1.0 without a pair."""
+    return stats.sign_test(np.zeros(n_seeds), np.ones(n_seeds)).p_value
 
 
 def _training(runs: pd.DataFrame, loss_margin: float, confidence: float) -> dict[str, Any]:
@@ -306,27 +400,55 @@ def _training(runs: pd.DataFrame, loss_margin: float, confidence: float) -> dict
 MATCHED_RANDOM_TEST, FIXED_CADENCE_TEST = "matched random", "fixed cadence"
 
 
+def test_key(test: str, policy: str, regime: str, block: str | None = None) -> tuple[str, ...]:
+    """A test's key in the family: ``(test, policy, regime)``, with the block appended for the real-only block."""
+    return (test, policy, regime, REAL_BLOCK) if block == REAL_BLOCK else (test, policy, regime)
+
+
+def _row_keys(policies: pd.DataFrame, test: str) -> list[tuple[str, ...]]:
+    blocks = policies["block"] if "block" in policies.columns else [None] * len(policies)
+    return [test_key(test, p, r, b) for p, r, b in zip(policies["policy"], policies["regime"], blocks)]
+
+
+def table_family(policies: pd.DataFrame, extra_tests: Mapping[Hashable, float] | None = None) -> dict[Hashable, float]:
+    """Every test of the verdict table's family, raw p by key: each controller row's (of every block)
+    matched-random and fixed-cadence test, and `extra_tests`."""
+    controllers = policies[policies["policy"].map(is_controller)]
+    family: dict[Hashable, float] = dict(zip(_row_keys(controllers, MATCHED_RANDOM_TEST), controllers["p_rank"]))
+    family |= dict(zip(_row_keys(controllers, FIXED_CADENCE_TEST), controllers["p_vs_fixed_cadence"]))
+    return family | dict(extra_tests or {})
+
+
+def primary_key(family: Mapping[Hashable, float], primary: tuple[str, str] | None) -> tuple[str, ...] | None:
+    """The family key of the declared primary: its row of the runs table, else its row of the real-only
+    block; None when neither is in the family."""
+    if primary is None:
+        return None
+    for key in (test_key(MATCHED_RANDOM_TEST, *primary), test_key(MATCHED_RANDOM_TEST, *primary, REAL_BLOCK)):
+        if key in family:
+            return key
+    return None
+
+
 def with_adjusted_p(policies: pd.DataFrame, primary: tuple[str, str] | None,
                     extra_tests: Mapping[Hashable, float] | None = None
                     ) -> tuple[pd.DataFrame, dict[Hashable, float]]:
     """Add ``p_adjusted`` and ``p_vs_fixed_cadence_adjusted``: one family at alpha over both tier tests.
 
-    The declared primary's matched-random test comes first, alone; then one Holm family holds every other
-    test of the table: each controller row's fixed-cadence test (the primary's too), the other rows'
-    matched-random tests, and `extra_tests` (keys of their own). Fixed-sequence gatekeeping keeps the
-    family-wise error of every claim the table (and the tests joined to it) makes at alpha.
-    Returns the table and the adjusted p of each extra test.
+    The declared primary's matched-random test comes first, alone (`primary_key`); then one Holm family
+    holds every other test of the table, of both blocks: each controller row's fixed-cadence test (the
+    primary's too), the other rows' matched-random tests, and `extra_tests` (keys of their own).
+    Fixed-sequence gatekeeping keeps the family-wise error of every claim the table (and the tests joined
+    to it) makes at alpha. Returns the table and the adjusted p of each extra test.
     """
-    controllers = policies[policies["policy"].map(is_controller)]
-    keys = list(zip(controllers["policy"], controllers["regime"]))
-    family: dict[Hashable, float] = {(MATCHED_RANDOM_TEST, *k): p for k, p in zip(keys, controllers["p_rank"])}
-    family |= {(FIXED_CADENCE_TEST, *k): p for k, p in zip(keys, controllers["p_vs_fixed_cadence"])}
-    family |= dict(extra_tests or {})
-    adjusted = gatekept_adjusted(family, None if primary is None else (MATCHED_RANDOM_TEST, *primary))
-    pairs = list(zip(policies["policy"], policies["regime"]))
+    family = table_family(policies, extra_tests)
+    gate = primary_key(family, primary)
+    adjusted = gatekept_adjusted(family, gate)
+    ranks = _row_keys(policies, MATCHED_RANDOM_TEST)
     out = policies.assign(
-        p_adjusted=[adjusted.get((MATCHED_RANDOM_TEST, *k), stats.NO_EVIDENCE_P) for k in pairs],
-        p_vs_fixed_cadence_adjusted=[adjusted.get((FIXED_CADENCE_TEST, *k), stats.NO_EVIDENCE_P) for k in pairs],
-        primary=[k == primary for k in pairs],
+        p_adjusted=[adjusted.get(k, stats.NO_EVIDENCE_P) for k in ranks],
+        p_vs_fixed_cadence_adjusted=[adjusted.get(k, stats.NO_EVIDENCE_P)
+                                     for k in _row_keys(policies, FIXED_CADENCE_TEST)],
+        primary=[k == gate for k in ranks],
     )
     return out, {k: adjusted[k] for k in (extra_tests or {})}

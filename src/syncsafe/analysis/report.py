@@ -4,8 +4,10 @@ Order: a header block (runs table, seeds, calibration status and held-out
 fidelity, the test family, its order and correction, the mechanism
 evidence), the verdict table (one line per controller and regime: tier, what
 that tier licenses in words, and the reason), one policy table per regime,
-the real-vs-simulated sign agreement per held-out seed, then the per-seed
-matched-random envelope with the figure.
+the real-only block (the real vLLM replays judged on their own, when there
+is one: its rows, power and per-seed ranks), the real-vs-simulated sign
+agreement per held-out seed, then the per-seed matched-random envelope with
+the figure.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 import pandas as pd
 
 from syncsafe.analysis.evidence import FidelityEvidence, MechanismEvidence
+from syncsafe.analysis.runs_table import REAL_BLOCK
 from syncsafe.analysis.verdicts import Tier
 from syncsafe.config import policy_label
 
@@ -45,18 +48,35 @@ class ReportContext:
     primary: tuple[str, str] | None = None
     loss_margin: float = 0.01
     seeds: list[int] = field(default_factory=list)
+    #: What the real-only block left out, and why (one line each).
+    real_notes: list[str] = field(default_factory=list)
 
 
-def render_report(policies: pd.DataFrame, seeds: pd.DataFrame, context: ReportContext, *, figure: str) -> str:
-    """The report text. `policies` must carry tiers (see ``assign_tiers``)."""
+def render_report(policies: pd.DataFrame, seeds: pd.DataFrame, context: ReportContext, *, figure: str,
+                  real_seeds: pd.DataFrame | None = None) -> str:
+    """The report text. `policies` must carry tiers (see ``assign_tiers``); `real_seeds` are the real-only
+    block's per-seed scores."""
+    real = _is_real(policies)
+    main = policies[~real]
     sections = [
         _header(policies, context),
         _verdicts(policies),
-        *(_policy_section(regime, policies[policies["regime"] == regime]) for regime in sorted(policies["regime"].unique())),
+        *(_policy_section(regime, main[main["regime"] == regime]) for regime in sorted(main["regime"].unique())),
+        _real_block_section(policies[real], real_seeds, context) if real.any() else "",
         _sign_agreement_section(context.fidelity),
         _envelope_section(seeds, figure),
     ]
     return "\n\n".join(s for s in sections if s) + "\n"
+
+
+def _is_real(policies: pd.DataFrame) -> pd.Series:
+    if "block" not in policies.columns:
+        return pd.Series(False, index=policies.index)
+    return policies["block"] == REAL_BLOCK
+
+
+def _label(row: Row) -> str:
+    return policy_label(str(row["policy"])) + (" (real replays only, vllm)" if row.get("block") == REAL_BLOCK else "")
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -85,15 +105,22 @@ def _header(policies: pd.DataFrame, context: ReportContext) -> str:
                        "(policy, regime) also needs its own real-server check, see its reason)")
     controllers = policies[policies["tier"] != Tier.REFERENCE]
     n_tests = 2 * len(controllers)
+    n_real = int(_is_real(controllers).sum())
+    blocks = (f", the real-only block's {2 * n_real} tests included" if n_real else "")
     primary = context.primary
-    if primary is not None and ((controllers["policy"] == primary[0]) & (controllers["regime"] == primary[1])).any():
-        family = (f"declared primary `{primary[0]}` on `{primary[1]}` tested first at alpha; only if it is rejected are "
-                  f"the other {n_tests - 1} tests judged (every row's fixed-cadence test, the other rows' "
-                  "matched-random tests and any live test), as one Holm family (fixed-sequence gatekeeping: "
-                  "family-wise error of every claim of the table <= alpha)")
+    gate = controllers[(controllers["policy"] == primary[0]) & (controllers["regime"] == primary[1])] \
+        if primary is not None else controllers.iloc[0:0]
+    if "primary" in gate.columns:
+        gate = gate[gate["primary"].astype(bool)]
+    if not gate.empty:
+        where = " (its real-only row: the runs table lacks it)" if _is_real(gate).all() else ""
+        family = (f"declared primary `{primary[0]}` on `{primary[1]}`{where} tested first at alpha; only if it is "
+                  f"rejected are the other {n_tests - 1} tests judged (every row's fixed-cadence test, the other "
+                  f"rows' matched-random tests{blocks} and any live test), as one Holm family (fixed-sequence "
+                  "gatekeeping: family-wise error of every claim of the table <= alpha)")
     else:
         family = (f"no declared primary in this table: all {n_tests} tests (each row's matched-random and "
-                  "fixed-cadence test, and any live test) form one Holm family")
+                  f"fixed-cadence test{blocks}, and any live test) form one Holm family")
     seeds = ", ".join(str(s) for s in context.seeds)
     return "\n".join(
         [
@@ -122,11 +149,12 @@ def _header(policies: pd.DataFrame, context: ReportContext) -> str:
 
 
 def _verdicts(policies: pd.DataFrame) -> str:
-    claims = policies[policies["tier"] != Tier.REFERENCE].sort_values(
-        ["regime", "tier_rank", "policy"], ascending=[True, False, True]
+    claims = policies[policies["tier"] != Tier.REFERENCE]
+    claims = claims.assign(_real=_is_real(claims)).sort_values(
+        ["_real", "regime", "tier_rank", "policy"], ascending=[True, True, False, True]
     )
-    rows = [(r.regime, policy_label(r.policy), f"**{r.tier}**", LICENSES[Tier(r.tier)], r.reason)
-            for r in claims.itertuples()]
+    rows = [(r["regime"], _label(r), f"**{r['tier']}**", LICENSES[Tier(r["tier"])], r["reason"])
+            for r in claims.to_dict("records")]
     table = markdown_table(["regime", "policy", "tier", "what it licenses", "reason"], rows) if rows else "_No controller runs._"
     return "## Verdicts\n\n" + table
 
@@ -205,6 +233,38 @@ def _policy_section(regime: str, policies: pd.DataFrame) -> str:
         cells += [_num(row[column]) for _, column in optional]
         rows.append([*cells, row["tier"]])
     return f"## Policies: regime {regime}\n\n" + markdown_table(header, rows)
+
+
+def _real_block_section(policies: pd.DataFrame, seeds: pd.DataFrame | None, context: ReportContext) -> str:
+    """The real-only block: its rows (tests in the table's family), the power of its tests, its seeds."""
+    header = ["regime", *(title for title, _, _ in POLICY_COLUMNS), "smallest p rank / cadence", "tier"]
+    rows = []
+    for row in policies.sort_values(["regime", "tier_rank", "policy"], ascending=[True, False, True]).to_dict("records"):
+        controller = row["tier"] != Tier.REFERENCE
+        cells = [cell(row) if controller or not only else "" for _, cell, only in POLICY_COLUMNS]
+        floor = f"{_p(row['p_rank_min'])} / {_p(row['p_vs_fixed_cadence_min'])}" if controller else ""
+        rows.append([row["regime"], *cells, floor, row["tier"]])
+    intro = ("## Real replays judged on their own (vLLM)\n\n"
+             "The real arm's controller, its span-matched random draws and the span's evenly spaced schedule of the "
+             "same merge count, replayed on the real vLLM server on every planned seed and scored against that seed's "
+             "real no-sync replay only (never pooled with simulator replays). Their rank and cadence tests are in the "
+             "verdict table's family (rows marked *real replays only, vllm*); they need no simulator licence, only "
+             f"the regime's mechanism gate. *smallest p*: the least p each test can return with these seeds and draws "
+             f"(rank: prod 1/(K+1) over seeds; cadence: 2^-seeds); above alpha = {context.alpha:g} the test is "
+             "underpowered and its \"no\" is no evidence against the policy. No SLO oracle is replayed on the real "
+             "server, so gap closed is undefined here.")
+    parts = [intro, markdown_table(header, rows)]
+    if context.real_notes:
+        parts.append("Left out of the real-only block:\n\n" + "\n".join(f"- {note}" for note in context.real_notes))
+    if seeds is not None and not seeds.empty:
+        runs = seeds[seeds["n_draws"].notna()].sort_values(["regime", "policy", "seed"])
+        parts.append(markdown_table(
+            ["regime", "policy", "seed", "sync-excess pp", "draws min", "draws mean", "draws max", "draws", "rank",
+             "even cadence pp", "won"],
+            [(r.regime, r.policy, r.seed, _signed(r.sync_excess_pct), _signed(r.mr_sync_excess_pct_min),
+              _signed(r.mr_sync_excess_pct_mean), _signed(r.mr_sync_excess_pct_max), int(r.n_draws), f"{r.rank:.2f}",
+              _signed(r.even_sync_excess_pct), "yes" if r.won else "no") for r in runs.itertuples()]))
+    return "\n\n".join(parts)
 
 
 def _sign_agreement_section(fidelity: FidelityEvidence | None) -> str:

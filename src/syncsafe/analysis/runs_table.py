@@ -68,6 +68,10 @@ BACKENDS = ("vllm", "simulator")
 SOURCES = ("harness", "train", "live", MATCHED_RANDOM, MATCHED_RANDOM_FREE, EVEN_CADENCE, NO_SYNC, OFFLINE_BOUND,
            SLO_ORACLE)
 RUN_KEY = ("regime", "policy", "seed", "draw", "matched_to")
+#: The blocks of the policy table: the runs table analysed (in the pipeline: the simulator replays), and the
+#: real vLLM replays judged on their own (evidence protocol item 8), never mixed with the other block.
+MAIN_BLOCK = "main"
+REAL_BLOCK = "vllm"
 
 _SHOW_ROWS = 5  # offending rows quoted in an error message
 

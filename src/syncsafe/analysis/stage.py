@@ -3,6 +3,9 @@
 Reads the simulator replays (every schedule, every seed, filtered to the
 regimes, seeds and policies in params) as the runs table of the evidence
 protocol, with each controller run's final eval loss from training; the
+real vLLM replays of the real arm's planned seeds (the primary controller,
+its span-matched draws and span cadence: `pipeline_real_runs`) as the
+real-only block, judged on its own in the same test family; the
 mechanism evidence measured on the real vLLM server
 (`runs/calibration/mechanism.json`; without it no policy gets past "stress
 harness only"); the simulator's held-out fidelity (`runs/fidelity/
@@ -17,6 +20,8 @@ DVC plots), and report sections on the real replays and the calibration.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -27,6 +32,8 @@ from syncsafe.analysis.live import live_section, live_tests
 from syncsafe.analysis.stage_figures import LOSS_FIGURE, TIMELINE_FIGURE, loss_curves_figure, timeline_figure
 from syncsafe.analysis.report import markdown_table
 from syncsafe.analysis.evidence import FidelityEvidence, MechanismEvidence
+from syncsafe.analysis.protocol import smallest_rank_p, smallest_sign_p
+from syncsafe.analysis.runs_table import EVEN_CADENCE, MATCHED_RANDOM, NO_SYNC, REAL_BLOCK
 from syncsafe.artifacts import layout
 from syncsafe.artifacts.base import read_json
 from syncsafe.artifacts.calibration import read_fidelity, read_mechanism
@@ -63,6 +70,121 @@ def pipeline_runs(params: Params, root: Path) -> pd.DataFrame:
     return runs.merge(eval_losses(root), on=["regime", "policy", "seed"], how="left")
 
 
+# --------------------------------------------------------------------------- the real-only block
+# From the replay index's `backend == "vllm"` rows (the real arm's runs/replay-sets/vllm/index.csv), per
+# planned regime and seed: `no_sync` (the seed's first no-sync control; the later controls are in
+# repeats.csv and are no rows of a runs table), the controller (`source` train or harness; the declared
+# primary), its span-matched draws (`matched_random`, `matched_to` the controller) and its span's evenly
+# spaced schedule of the same counts (`even_cadence`, `matched_to` the controller). A replay marked invalid
+# (`valid` false: too many failures, a late load generator, a busy machine) licenses nothing and is left
+# out; a seed without its valid no-sync control, its valid controller replay or a valid draw is left out
+# whole, and a seed without a valid even cadence stays out of the cadence test only. Every exclusion comes
+# back as a note for the report. `syncsafe.analysis.protocol.run_protocol` scores the rows as the block
+# `REAL_BLOCK`, never pooled with the simulator's.
+
+#: Sources of a controller's own schedule.
+CONTROLLER_SOURCES = ("train", "harness")
+_FALSE = {"false", "0", "no", "n", "f"}
+
+
+@dataclass(frozen=True)
+class RealSelection:
+    """The real-only block's runs (None when no seed survives) and what was left out, and why."""
+
+    runs: pd.DataFrame | None
+    notes: list[str] = field(default_factory=list)
+
+
+def valid_mask(index: pd.DataFrame) -> pd.Series:
+    """True for a replay not marked invalid (a blank ``valid``, or no column, counts as valid, as a summary
+    without the key does)."""
+    if "valid" not in index.columns:
+        return pd.Series(True, index=index.index)
+    text = index["valid"].astype("string").str.strip().str.lower()
+    return ~text.isin(_FALSE).fillna(False).astype(bool)
+
+
+def real_block_runs(index: pd.DataFrame, seeds: Mapping[str, Iterable[int]], controllers: Iterable[str],
+                    columns: Iterable[str]) -> RealSelection:
+    """The real-only block of `index` for the planned `seeds` of each regime and the `controllers`, with
+    `columns` kept (those `index` has); see the comment above."""
+    controllers = list(controllers)
+    real = index[index["backend"] == REAL_BLOCK]
+    valid = valid_mask(real)
+    kept, notes = [], []
+    for regime, planned in seeds.items():
+        for seed in sorted(set(int(s) for s in planned)):
+            rows = real[(real["regime"] == regime) & (real["seed"] == seed)]
+            ok = rows[valid.loc[rows.index]]
+            invalid = len(rows) - len(ok)
+            if rows.empty:
+                notes.append(f"{regime} seed {seed}: no real replay")
+                continue
+            if invalid:
+                names = ", ".join(_replay_name(r) for r in rows[~valid.loc[rows.index]].to_dict("records"))
+                notes.append(f"{regime} seed {seed}: {invalid} invalid real replay(s) left out ({names})")
+            no_sync = ok[ok["policy"] == NO_SYNC]
+            if no_sync.empty:
+                notes.append(f"{regime} seed {seed}: no valid no-sync control, so nothing to score against: "
+                             "seed left out")
+                continue
+            seed_rows = [no_sync.iloc[:1]]
+            for controller in controllers:
+                own = ok[(ok["policy"] == controller)
+                         & (ok["source"].isin(CONTROLLER_SOURCES) if "source" in ok.columns else True)]
+                draws = ok[(ok["policy"] == MATCHED_RANDOM) & (ok["matched_to"] == controller)]
+                even = ok[(ok["policy"] == EVEN_CADENCE) & (ok["matched_to"] == controller)]
+                if own.empty or draws.empty:
+                    what = "replay" if own.empty else "span-matched draw"
+                    if not (rows["policy"] == controller).any():
+                        notes.append(f"{regime} seed {seed}: {controller} not replayed on the real server")
+                    else:
+                        notes.append(f"{regime} seed {seed}: no valid {what} of {controller}: left out")
+                    continue
+                if even.empty:
+                    notes.append(f"{regime} seed {seed}: no valid even-cadence replay of {controller}: the seed "
+                                 "is in its rank test but not its cadence test")
+                seed_rows += [own.iloc[:1], draws, even.iloc[:1]]
+            if len(seed_rows) > 1:
+                kept += seed_rows
+    if not kept:
+        return RealSelection(None, notes)
+    runs = pd.concat(kept, ignore_index=True)
+    return RealSelection(runs[[c for c in columns if c in runs.columns]].reset_index(drop=True), notes)
+
+
+def _replay_name(row: Mapping) -> str:
+    name = str(row["policy"])
+    if pd.notna(row.get("matched_to")):
+        name += f"[{row['matched_to']}]"
+    if pd.notna(row.get("draw")):
+        name += f" draw {int(row['draw'])}"
+    return name
+
+
+def pipeline_real_runs(params: Params, root: Path) -> RealSelection:
+    """The real-only block: per regime of params the real arm planned (plan.json; without one, every regime
+    of params with real replays) and its planned seeds (of params' seeds), the primary controller's real
+    replays with its span-matched draws and span cadence and the seed's no-sync control
+    (`real_block_runs`); no runs (None) without any."""
+    index = read_replay_index(root)
+    real = index[index["backend"] == layout.VLLM]
+    if real.empty:
+        return RealSelection(None)
+    plan_path = layout.at(root, layout.VLLM_PLAN)
+    if plan_path.is_file():
+        planned = read_json(plan_path, "real-arm plan").get("regimes", {})
+        seeds = {r: [s for s in [*p["fit_seeds"], *p["held_out_seeds"]] if s in params.seeds]
+                 for r, p in planned.items() if r in params.regimes}
+    else:
+        seeds = {r: list(params.seeds) for r in params.regimes if (real["regime"] == r).any()}
+    selection = real_block_runs(index, seeds, [params.analysis.primary.policy], RUN_COLUMNS)
+    if selection.runs is None:
+        return selection
+    return RealSelection(selection.runs.merge(eval_losses(root), on=["regime", "policy", "seed"], how="left"),
+                         selection.notes)
+
+
 def _timeline_figures(params: Params, root: Path) -> dict[str, object]:
     index = read_schedule_index(root)
     seed = params.seeds[0]
@@ -77,7 +199,7 @@ def _timeline_figures(params: Params, root: Path) -> dict[str, object]:
     return figures
 
 
-def _real_replay_section(root: Path) -> str:
+def _real_replay_section(root: Path, alpha: float | None = None) -> str:
     index = read_replay_index(root)
     real = index[index["backend"] == "vllm"]
     if real.empty:
@@ -88,7 +210,7 @@ def _real_replay_section(root: Path) -> str:
          r.n_requests, r.n_failed, "yes" if getattr(r, "valid", True) else "NO"]
         for r in real.itertuples()
     ]  # fmt: skip
-    plan = _plan_lines(root)
+    plan = _plan_lines(root, alpha)
     invalid = real[~real["valid"].astype(bool)] if "valid" in real.columns else real.iloc[0:0]
     note = (f"\n\n{len(invalid)} of {len(real)} real replays are invalid and license nothing (their seeds are left "
             "out of the gate, the fit and the fidelity check; reasons in the calibration report)." if len(invalid) else "")
@@ -97,8 +219,9 @@ def _real_replay_section(root: Path) -> str:
                               "valid"], rows) + note)
 
 
-def _plan_lines(root: Path) -> str:
-    """The real arm's plan per regime (load, span, what was replayed, planned power), from its plan.json."""
+def _plan_lines(root: Path, alpha: float | None = None) -> str:
+    """The real arm's plan per regime (load, span, what was replayed, planned power of the gate and of the
+    real-only block's tests), from its plan.json."""
     path = layout.at(root, layout.VLLM_PLAN)
     if not path.is_file():
         return ""
@@ -112,12 +235,22 @@ def _plan_lines(root: Path) -> str:
             f"[0, {p['span_s']:g}) s of seeds {p['fit_seeds'] + p['held_out_seeds']}; {', '.join(p['controllers'])} with "
             f"{p['draws']} span-matched draws and {p['controls']} no-sync controls; planned gate power "
             f"{(p.get('power') or 0.0):.0%} (target {plan.get('power_target', 0.8):.0%})"
+            + _planned_floor(len(p["fit_seeds"]) + len(p["held_out_seeds"]), int(p["draws"]), alpha)
             + (f"; left out for the budget: {', '.join(p['left_out'])}" if p.get("left_out") else ""))
     placement = plan.get("placement") or {}
     if placement:
         lines.append(f"- placement: {placement.get('mode')} (client CPUs {placement.get('client_cpus')}, server and "
                      f"merge work CPUs {placement.get('server_cpus')})")
     return "\n".join(lines)
+
+
+def _planned_floor(n_seeds: int, draws: int, alpha: float | None) -> str:
+    """The smallest p the real-only block's tests can reach on the plan's seeds and draws (every replay valid)."""
+    rank, cadence = smallest_rank_p([draws] * n_seeds), smallest_sign_p(n_seeds)
+    text = (f"; real-only tests can reach at best rank p {rank:.3g} ((draws+1)^-seeds) and cadence p "
+            f"{cadence:.3g} (2^-seeds)")
+    under = [name for name, p in (("rank", rank), ("cadence", cadence)) if alpha is not None and p > alpha]
+    return text + (f": {' and '.join(under)} test underpowered at alpha {alpha:g}" if under else "")
 
 
 def _calibration_section(root: Path, mechanism: MechanismEvidence | None) -> str:
@@ -143,7 +276,7 @@ def analyze_pipeline(params: Params, root: Path = Path("."), alpha: float | None
     settings = params.analysis
     alpha = settings.alpha if alpha is None else alpha
     judged = mechanism.model_copy(update={"gate_ratio_threshold": settings.gate_ratio_threshold}) if mechanism else None
-    sections = [_real_replay_section(root), _calibration_section(root, judged)]
+    sections = [_real_replay_section(root, alpha), _calibration_section(root, judged)]
     sections.append(live_section(root, alpha, judged))  # runs/live/, if any: its tests join the table's family
     sections += [f"## Bursts and merge windows: {Path(name).name.split('_' + TIMELINE_FIGURE)[0]}\n\n![timeline]({name})"
                  for name in figures if name.endswith(TIMELINE_FIGURE)]
@@ -151,9 +284,13 @@ def analyze_pipeline(params: Params, root: Path = Path("."), alpha: float | None
         sections.append(f"## Training\n\n![loss curves]({loss_figure})")
     extra_files = {name: (lambda fig: lambda tmp: write_png(fig, tmp))(fig) for name, fig in figures.items()}
     extra_files[layout.LOSS_CURVES_FILE] = lambda tmp: losses.to_csv(tmp, index=False)
+    real = pipeline_real_runs(params, root)
+    source = f"simulator replays of {layout.REPLAY_INDEX.as_posix()} (the regimes, seeds and policies in params)"
+    if real.runs is not None:
+        source += (f"; real-only block: its {layout.VLLM} replays of the real arm's planned seeds "
+                   f"({settings.primary.policy}, its span-matched draws and span cadence)")
     return analyze_runs(pipeline_runs(params, root), layout.reports_dir(root), mechanism=mechanism, fidelity=fidelity,
                         primary=(settings.primary.policy, settings.primary.regime), loss_margin=settings.loss_margin,
                         alpha=alpha, extra_sections=sections, extra_files=extra_files, extra_tests=live_tests(root),
                         targets=settings.fidelity, gate_ratio_threshold=settings.gate_ratio_threshold,
-                        source=f"simulator replays of {layout.REPLAY_INDEX.as_posix()} "
-                               "(the regimes, seeds and policies in params)")
+                        source=source, block=layout.SIMULATOR, real_runs=real.runs, real_notes=real.notes)

@@ -22,7 +22,14 @@ Tiers, lowest to highest; each requires every gate below it:
    ``analysis.loss_margin``; not measured blocks this tier).
 
 ``no_sync`` is the reference row: tier ``reference``, no claim. Every verdict
-carries a reason naming the gate that stopped it and the numbers observed.
+carries a reason naming the gate that stopped it and the numbers observed,
+and, where a tier test cannot reach alpha whatever the data (its smallest
+achievable p, ``p_rank_min`` / ``p_vs_fixed_cadence_min``, above alpha),
+that it is underpowered: such a "no" is no evidence against the policy.
+
+Rows of the real-only block (``block`` = ``vllm``: the real replays judged on
+their own) rest on the real server alone, so they need no simulator licence,
+but the same mechanism gate and the same tests in the same family.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ from typing import Any
 import pandas as pd
 
 from syncsafe.analysis.evidence import FidelityEvidence, MechanismEvidence, RegimeMechanism
-from syncsafe.analysis.runs_table import NO_SYNC, is_controller
+from syncsafe.analysis.runs_table import NO_SYNC, REAL_BLOCK, is_controller
 
 DEFAULT_ALPHA = 0.05
 __all__ = ["FidelityEvidence", "MechanismEvidence", "RegimeMechanism", "Tier", "Verdict", "assign_tiers", "assign_verdict"]
@@ -83,7 +90,25 @@ def assign_verdict(
     if not is_controller(policy):
         return Verdict(regime, policy, Tier.REFERENCE, REFERENCE_REASONS.get(policy, "reference; not a claim"))
     tier, gate = _highest_tier(row, mechanism, fidelity, alpha)
-    return Verdict(regime, policy, tier, f"{gate}; observed: {_observed(row)}")
+    return Verdict(regime, policy, tier, "; ".join([gate, *power_notes(row, alpha), f"observed: {_observed(row)}"]))
+
+
+def power_notes(row: Mapping[str, Any], alpha: float) -> list[str]:
+    """One line per tier test of `row` that cannot reach `alpha` with the seeds and draws it has."""
+    notes = []
+    rank_min = row.get("p_rank_min")
+    if rank_min is not None and rank_min == rank_min and rank_min > alpha:
+        notes.append(f"rank test underpowered: smallest achievable p {rank_min:.3g} > alpha {alpha:g} "
+                     f"({_count(row.get('n_draws'))} draws over {_count(row.get('n_seeds_rank'))} seeds)")
+    cadence_min = row.get("p_vs_fixed_cadence_min")
+    if cadence_min is not None and cadence_min == cadence_min and cadence_min > alpha:
+        notes.append(f"cadence test underpowered: smallest achievable p {cadence_min:.3g} > alpha {alpha:g} "
+                     f"({_count(row.get('n_seeds_vs_fixed_cadence'))} seeds with an even cadence)")
+    return notes
+
+
+def _count(value: Any) -> str:
+    return "?" if value is None or value != value else str(int(value))
 
 
 def assign_tiers(
@@ -161,10 +186,14 @@ def _observed(row: Mapping[str, Any]) -> str:
         f"{row['seeds_won']}/{row['n_seeds']} seeds won",
         f"cadence p {row['p_vs_fixed_cadence']:.3g} (adjusted {row['p_vs_fixed_cadence_adjusted']:.3g})",
     ]
-    gap = row.get("gap_closed_mean")
+    gap, oracle = row.get("gap_closed_mean"), row.get("oracle_sync_excess_pct_mean")
+    real_only = row.get("block") == REAL_BLOCK
     if gap is not None and gap == gap:
         parts.append(f"gap closed {gap:.0%}")
-    parts.append(f"runs on {row['backend']}")
+    elif oracle is not None and oracle != oracle:
+        parts.append("gap closed n/a: no SLO oracle replay behind it"
+                     + (" (the oracle is a simulator search, never replayed on the real server)" if real_only else ""))
+    parts.append(f"runs on {row['backend']}" + (" (real replays judged on their own)" if real_only else ""))
     return ", ".join(parts)
 
 

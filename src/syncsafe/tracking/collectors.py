@@ -258,6 +258,8 @@ def analyze(root: Path, params: Any, regime: str | None) -> Collected:
     table = read_policy_table(root)
     runs = [
         TrackedRun(regime=rec["regime"], policy=rec["policy"], tags={"tier": rec["tier"]},
+                   # the real-only block (rows judged on vLLM replays alone) repeats a policy: its own backend
+                   backend="vllm" if rec.get("block") == "vllm" else "",
                    metrics={k: rec[k] for k in _POLICY_METRICS if k in rec and pd.notna(rec[k])})
         for rec in table.to_dict("records")
     ]  # fmt: skip

@@ -17,6 +17,7 @@ def run(params: Params, root: Path, regime: None, params_path: Path, *, alpha: f
 
 def summary(policy_table, files: dict, out: Path) -> str:  # noqa: ANN001 - a pandas DataFrame
     """The tier of every (regime, policy) row and the files written."""
-    lines = [f"{rec.regime:16s} {rec.policy:18s} {rec.tier}" for rec in policy_table.itertuples(index=False)]
+    lines = [f"{rec.regime:16s} {rec.policy:18s} {rec.tier}" + (" (real replays only)" if getattr(rec, "block", "") == "vllm" else "")
+             for rec in policy_table.itertuples(index=False)]
     lines.append(f"wrote {', '.join(sorted(p.name for p in files.values()))} to {out}")
     return "\n".join(lines)
