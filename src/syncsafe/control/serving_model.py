@@ -23,7 +23,8 @@ and E2E and `token_overhead_ms` per output token on E2E (the API server's HTTP
 and streaming work). `merge_share(t)` is the share of the server's compute a merge takes
 while its window is open (`merge_compute_share`, tilted across the window by
 `merge_share_skew`: `share * (1 + skew)` in the first half, `share * (1 - skew)`
-in the second), and `jitter` a log-normal (sigma `residual_sigma`) drawn once per
+in the second, each at most 1; a share of 1 is a full stall: the server makes
+no progress until the window closes), and `jitter` a log-normal (sigma `residual_sigma`) drawn once per
 `jitter_step_s` of time from the seed. Queueing and its aftermath then emerge
 from the batch, not from a multiplier. The defaults stand for a tiny Llama on
 the vLLM CPU build: a median request (48 prompt, 24 output tokens) takes
@@ -33,6 +34,7 @@ pressure and ~10 at full pressure.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -49,8 +51,11 @@ from syncsafe.control.types import FleetSignals
 #: A number or an array of numbers (the multipliers work elementwise).
 Numeric = TypeVar("Numeric", float, np.ndarray)
 
-#: Largest compute share a merge may take (the server never stops outright).
-MAX_MERGE_SHARE = 0.95
+#: Largest compute share a merge may take: 1 is a full stall (the real CPU server all but stops during a merge).
+MAX_MERGE_SHARE = 1.0
+#: Largest work stretch `expected_merge_cost` prices a merge at (that of a 0.95 share): a full stall's stretch
+#: is unbounded, its cost to a request bounded by the window, which the calibration does not know.
+MAX_PRICED_SLOWDOWN = 20.0
 #: Tokens of the median request of the cpu profile, for `service_ms`-based summaries.
 TYPICAL_PROMPT_TOKENS = 48
 TYPICAL_OUTPUT_TOKENS = 24
@@ -115,9 +120,15 @@ class Calibration(BaseModel):
 
     @property
     def merge_slowdown(self) -> float:
-        """Mean factor by which a merge stretches the server's work inside a window: mean of 1 / (1 - share)."""
+        """Mean factor by which a merge stretches the server's work inside a window: mean of 1 / (1 - share)
+        (infinite when a half of the window is a full stall)."""
         halves = self.merge_shares()
-        return float(np.mean([1.0 / (1.0 - s) for s in halves]))
+        return float(np.mean([1.0 / (1.0 - s) if s < 1.0 else math.inf for s in halves]))
+
+    @property
+    def full_stall(self) -> bool:
+        """True when a merge stops the server outright for at least half of its window."""
+        return max(self.merge_shares()) >= 1.0
 
     def merge_shares(self) -> tuple[float, float]:
         """The compute share a merge takes in the first and the second half of its window."""
@@ -130,10 +141,12 @@ class Calibration(BaseModel):
         The share of serving capacity in use (requests a merge would slow)
         times the extra latency a merge adds at the current pressure, times
         how much longer than on a free link the merge takes at the current
-        network pressure (with a fitted `merge_link`).
+        network pressure (with a fitted `merge_link`). The stretch is priced at
+        most `MAX_PRICED_SLOWDOWN` (a full stall's is unbounded).
         """
         load = min(signals.arrival_rate / self.capacity_rps, 1.0)
-        slowdown = (self.merge_slowdown - 1.0) * self.pressure_multiplier(signals.inference_pressure)
+        stretch = min(self.merge_slowdown, MAX_PRICED_SLOWDOWN)  # finite for a full stall
+        slowdown = (stretch - 1.0) * self.pressure_multiplier(signals.inference_pressure)
         longer = 1.0 if self.merge_link is None else self.merge_link.duration_factor(signals.network_pressure)
         return load * slowdown * longer
 

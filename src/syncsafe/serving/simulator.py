@@ -13,7 +13,10 @@ Model (parameters and cost formula in `syncsafe.control.serving_model`):
   the jitter buckets and the merge windows' edges and midpoints). The loop
   runs on *work time* `W(t) = integral of speed`, where every iteration costs
   its idle-machine time; arrivals are mapped to work time and results back to
-  wall time (`WorkClock`, exact inverse of a piecewise-linear map). Where no
+  wall time (`WorkClock`, exact inverse of a piecewise-linear map; a merge
+  share of 1 is a full stall: the speed is 0 in the window, the work clock
+  stands still, and a work time maps back to the earliest wall time that
+  reaches it, so an iteration cut by the stall ends after the window). Where no
   merge ever ran, `W` is the no-sync replay's, so a schedule without merges
   reproduces no-sync bit for bit, and a merge's lost work shows up as the
   queue that builds during its window and drains after it.
@@ -98,16 +101,22 @@ class WorkClock:
     """Wall time <-> work time of a machine running at piecewise-constant speed.
 
     `edges` (sorted wall times) split time into segments; `speed[j]` holds on
-    [edges[j], edges[j+1]), `speed[0]` before the first edge and the last
-    speed after the last edge.
+    [edges[j], edges[j+1]), `first_speed` (default `speed[0]`) before the
+    first edge and the last speed after the last edge. A segment may stand
+    still (speed 0: a merge that stalls the server); the speeds outside the
+    edges must be > 0. `to_wall` gives the earliest wall time at which the
+    work is reached (the start of a stall for a work time at its level).
     """
 
-    def __init__(self, edges: np.ndarray, speed: np.ndarray) -> None:
-        if not (speed > 0).all():
-            raise ValueError("work clock: speed must be > 0")
+    def __init__(self, edges: np.ndarray, speed: np.ndarray, first_speed: float | None = None) -> None:
+        first = float(speed[0]) if first_speed is None else float(first_speed)
+        if not (np.isfinite(speed).all() and (speed >= 0).all() and speed[-1] > 0 and first > 0):
+            raise ValueError("work clock: speed must be finite and >= 0, and > 0 before the first and after the "
+                             "last edge")
         self.edges = edges
         self.work = np.concatenate([[0.0], np.cumsum(np.diff(edges) * speed[:-1])])
-        self.first_speed, self.last_speed = float(speed[0]), float(speed[-1])
+        self.first_speed, self.last_speed = first, float(speed[-1])
+        self._stalls = bool((np.diff(self.work) <= 0).any())
 
     def to_work(self, t_s: np.ndarray) -> np.ndarray:
         t = np.asarray(t_s, dtype=float)
@@ -117,7 +126,14 @@ class WorkClock:
 
     def to_wall(self, w: np.ndarray) -> np.ndarray:
         w = np.asarray(w, dtype=float)
-        t = np.interp(w, self.work, self.edges)
+        if self._stalls:  # work stands still somewhere: the earliest wall time reaching each work time
+            j = np.clip(np.searchsorted(self.work, w, side="left"), 1, self.work.size - 1)
+            w0, dw = self.work[j - 1], self.work[j] - self.work[j - 1]
+            frac = np.divide(w - w0, dw, out=np.ones_like(w), where=dw > 0)
+            t = self.edges[j - 1] + np.clip(frac, 0.0, 1.0) * (self.edges[j] - self.edges[j - 1])
+            t = np.where(w <= self.work[0], self.edges[0], t)
+        else:
+            t = np.interp(w, self.work, self.edges)
         t = np.where(w < 0.0, self.edges[0] + w / self.first_speed, t)
         return np.where(w > self.work[-1], self.edges[-1] + (w - self.work[-1]) / self.last_speed, t)
 
@@ -133,19 +149,22 @@ def work_clock(
     merge_edges = np.concatenate([starts, starts + w / 2.0, starts + w]) if starts.size else np.empty(0)
     jitter_edges = jitter_t0 + np.arange(1, jitter.size) * step
     lo = min(pressure.t0, jitter_t0)
+    if starts.size:  # past every window's end, so the clock runs (speed > 0) after its last edge
+        t_end = max(t_end, float((starts + w).max()))
     edges = np.unique(np.concatenate([[lo, t_end], pressure.edges(), jitter_edges, merge_edges]))
     edges = edges[(edges >= lo) & (edges <= t_end)]
     speed = 1.0 / (calibration.pressure_multiplier(pressure.at(edges)))
     jrow = np.clip(np.floor((edges - jitter_t0) / step).astype(np.int64), 0, jitter.size - 1)
     speed = speed / jitter[jrow]
+    first_speed = float(speed[0])  # before the first edge: no merge (the clock is never read there)
     if starts.size:
         first, second = calibration.merge_shares()
         i = np.searchsorted(starts, edges, side="right") - 1
         into = edges - starts[np.maximum(i, 0)]
         inside = (i >= 0) & (into < w)
         share = np.where(into < w / 2.0, first, second)
-        speed = np.where(inside, speed * (1.0 - share), speed)
-    return WorkClock(edges, speed)
+        speed = np.where(inside, speed * np.maximum(1.0 - share, 0.0), speed)
+    return WorkClock(edges, speed, first_speed)
 
 
 def simulate_replay(

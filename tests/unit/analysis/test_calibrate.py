@@ -119,14 +119,14 @@ def make_records(cal: Calibration = TRUTH, seeds: tuple[int, ...] = (0, 1), cont
             records.append(ReplayRecord(regime=REGIME, seed=seed, label=label, results=table,
                                         schedule=schedule(label, seed), timeline=timeline, time_scale=TIME_SCALE,
                                         span_s=SPAN_S, slo=slo, control=0 if label == "no_sync" else None,
-                                        position=POSITIONS[label]))
+                                        position=POSITIONS[label], pressure_applied=True))
         for control in range(1, controls):
             again = tables["no_sync"].assign(e2e_ms=tables["no_sync"]["e2e_ms"] * drift,
                                              ttft_ms=tables["no_sync"]["ttft_ms"] * drift)
             records.append(ReplayRecord(regime=REGIME, seed=seed, label=f"no_sync-repeat{control}", results=again,
                                         schedule=schedule("no_sync", seed), timeline=timeline,
                                         time_scale=TIME_SCALE, span_s=SPAN_S, slo=slo, control=control,
-                                        position=LATER_CONTROLS_AT[control - 1]))
+                                        position=LATER_CONTROLS_AT[control - 1], pressure_applied=True))
     return records
 
 
@@ -202,9 +202,9 @@ def test_fit_recovers_known_parameters_including_the_merge_share(fit):
     p = load(0)[0]["inference_pressure"].mean()
     assert cal.iter_base_ms * cal.pressure_multiplier(p) == pytest.approx(
         TRUTH.iter_base_ms * TRUTH.pressure_multiplier(p), rel=0.05)
-    residuals = [v for k, v in fit.diagnostics.items() if k.startswith("p95_sim_over_real")]
-    assert residuals and all(abs(v - 1) < 0.08 for v in residuals)
-    slo_errors = [abs(v) for k, v in fit.diagnostics.items() if k.startswith("slo_error_pp")]
+    residuals = [r["p95_rel_error"] for r in fit.diagnostics["residuals"]]
+    assert residuals and all(abs(v) < 0.08 for v in residuals)
+    slo_errors = [abs(r["slo_error_pp"]) for r in fit.diagnostics["residuals"]]
     assert slo_errors and max(slo_errors) < 6.0 and np.mean(slo_errors) < 2.5
 
 
@@ -358,7 +358,7 @@ def write_vllm_layout(root: Path, records: list[ReplayRecord], drop_merges: bool
         io.write_parquet(root / rel / "requests.parquet", results)
         summary = summarize(results, rec.slo, HIGH_PRESSURE).model_dump()
         summary.update(slo=rec.slo.model_dump(), backend="vllm", time_scale=TIME_SCALE, span_s=SPAN_S,
-                       control=rec.control, position=rec.position)
+                       control=rec.control, position=rec.position, inference_pressure_applied=rec.pressure_applied)
         io.write_json(root / rel / "summary.json", summary)
         rows[rec.repeat].append({"regime": rec.regime, "policy": rec.schedule.policy, "seed": rec.seed,
                                  "draw": rec.schedule.draw, "backend": "vllm", "path": rel,
@@ -385,7 +385,7 @@ def test_fit_and_fidelity_stages_write_their_sets_on_disjoint_seeds(tmp_path, re
     fit = calibrate_fit_stage(params, tmp_path)
     out = tmp_path / "runs" / "calibration"
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["calibration.json", "fit.json", "mechanism.json", "transfer.csv", "report.md"])
+        ["calibration.json", "fit.json", "mechanism.json", "transfer.csv", "report.md", "pace.png"])
     assert fit.calibration.fitted and fit.fit["fit_seeds"] == [0] and fit.fit["held_out_seeds"] == [1]
     assert all("seed-0" in name for name in fit.fit["fit_replays"])
     assert fit.fit["fit_wall_s"] > 0

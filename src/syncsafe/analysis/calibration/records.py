@@ -12,7 +12,15 @@ Each seed's no-sync schedule is replayed several times, interleaved with the
 other replays (`control` 0, 1, ...; `position` is every replay's place in
 the seed's order): the first is the SLO's source and listed in the vLLM
 index, the later ones in `runs/replay-sets/vllm/repeats.csv` (`repeat`).
-The mechanism gate pairs each replay with its nearest controls.
+The mechanism gate pairs each replay with its nearest controls; the fit
+uses every control of every fit seed.
+
+Inference pressure. The real arm applies none: the load generator and the
+merge workers only record the timeline's `inference_pressure` column beside
+each request, nothing loads the server with it. A replay summary says
+`inference_pressure_applied: true` only where an arm did apply it (none
+writes that today), and `ReplayRecord.pressure_applied` carries it: the fit
+fits `pressure_slowdown` only on replays that applied pressure.
 """
 
 from __future__ import annotations
@@ -43,6 +51,8 @@ VLLM_INDEX = layout.VLLM_INDEX
 VLLM_REPEATS = layout.VLLM_REPEATS
 #: Server profile written by the vLLM replay stage (`syncsafe.serving.engine_profile`).
 VLLM_PROFILE = layout.VLLM_PROFILE
+#: Summary key of a replay that loaded the server with the timeline's inference pressure (absent: it did not).
+PRESSURE_APPLIED_KEY = "inference_pressure_applied"
 
 
 class CalibrationInputError(ArtifactMissing):
@@ -72,6 +82,8 @@ class ReplayRecord:
     control: int | None = None
     #: Place in its seed's replay order (None: unknown, as in replays written before positions were kept).
     position: int | None = None
+    #: The replay loaded the server with the timeline's inference pressure (the vLLM arm does not).
+    pressure_applied: bool = False
 
     def __post_init__(self) -> None:
         require_columns(self.results, REQUEST_RESULT_COLUMNS, f"replay {self.name}")
@@ -147,8 +159,8 @@ def no_sync_records(records: Iterable[ReplayRecord]) -> dict[tuple[str, int], Re
 
 
 def without_later_controls(records: Iterable[ReplayRecord]) -> list[ReplayRecord]:
-    """`records` with one no-sync control per seed (`no_sync_records`'): what the fit and the fidelity
-    tables use, the later controls serving the drift check and the pairing only."""
+    """`records` with one no-sync control per seed (`no_sync_records`'): what the fidelity tables use, the
+    later controls serving the drift check, the pairing and the fit."""
     records = list(records)
     first = {id(r) for r in no_sync_records(records).values()}
     return [r for r in records if not r.is_no_sync or id(r) in first]
@@ -241,6 +253,7 @@ def read_vllm_records(params: Params, root: Path, seeds: Iterable[int] | None = 
             time_scale=float(summary.get("time_scale", cfg.time_scale or 1.0)),
             span_s=_span(summary), slo=SloSpec(**summary["slo"]) if summary.get("slo") else None,
             control=None if control is None else int(control), position=summary.get("position"),
+            pressure_applied=bool(summary.get(PRESSURE_APPLIED_KEY, False)),
         ))  # fmt: skip
     controlled = {r.key for r in records if r.is_no_sync}
     for regime, seed in sorted({r.key for r in records} - controlled):

@@ -1,15 +1,36 @@
-"""Markdown reports of the calibrate-fit and fidelity stages."""
+"""Markdown reports of the calibrate-fit and fidelity stages, and the calibration's pace figure.
+
+`render_fit_report` writes the fitted parameters, the fit diagnostics, the
+residuals of every fit replay (p95 E2E and SLO rate, simulated vs real) and
+the mechanism gate. `pace_figure` (`runs/calibration/pace.png`) plots each
+real replay's no-merge decode pace (median of (E2E - TTFT) / (tokens - 1)
+over its requests with `merge_active` false, `serving.warmup.decode_pace_ms`)
+against its position in its seed's replay order, coloured by seed, one panel
+per regime: warm-up drift shows as a trend along the order, a seed whose
+controls disagree as a spread in one colour.
+"""
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
+from syncsafe.analysis.calibration.records import ReplayRecord
 from syncsafe.analysis.evidence import FidelityEvidence, MechanismEvidence
+from syncsafe.analysis.figures import write_png
 from syncsafe.analysis.report import markdown_table
 from syncsafe.control.serving_model import Calibration
+from syncsafe.io import atomic_path
+from syncsafe.serving.warmup import decode_pace_ms
+
+#: The pace figure's file in runs/calibration/.
+PACE_FIGURE_FILE = "pace.png"
 
 PARAMETERS = ("iter_base_ms", "prefill_ms_per_token", "decode_ms_per_seq", "request_overhead_ms", "token_overhead_ms",
               "max_batch", "merge_compute_share",
@@ -43,9 +64,15 @@ def render_fit_report(calibration: Calibration, diagnostics: Mapping[str, object
         markdown_table(["parameter", "value"], [(k, fmt(float(getattr(calibration, k)), 4)) for k in PARAMETERS]),
         "",
         f"A merge takes {calibration.merge_compute_share:.0%} of the server's compute while its window is open "
-        f"(mean work stretch x{calibration.merge_slowdown:.3g}).",
+        + ("(a full stall: for at least half of the window the server makes no progress)." if calibration.full_stall
+           else f"(mean work stretch x{calibration.merge_slowdown:.3g})."),
         "",
-        "Fit diagnostics and residuals: " + (", ".join(f"{k} {fmt(v)}" for k, v in diagnostics.items()) or "none") + ".",
+        "Fit diagnostics: " + (", ".join(f"{k} {fmt(v)}" for k, v in diagnostics.items() if k != "residuals")
+                               or "none") + ".",
+        "",
+        *_residual_section(diagnostics.get("residuals") or []),
+        "Figure: `pace.png`, each real replay's no-merge decode pace (median (E2E - TTFT) / (tokens - 1) of its "
+        "requests outside merges) against its position in its seed's replay order, coloured by seed, per regime.",
         "",
         "## Mechanism transfer on the fit seeds (real vs simulator, same inputs)",
         "",
@@ -78,6 +105,65 @@ def render_fit_report(calibration: Calibration, diagnostics: Mapping[str, object
                   markdown_table(["regime", "seed", "replay", "why"],
                                  [(r["regime"], r["seed"], r["path"], r["reason"]) for r in mechanism.invalid_replays])]
     return "\n".join(parts) + "\n"
+
+
+def _residual_section(residuals: Sequence[Mapping[str, object]]) -> list[str]:
+    """The per-fit-replay residuals table (simulated vs real p95 E2E and SLO rate)."""
+    if not residuals:
+        return []
+    rows = [(r["replay"], fmt(r.get("position")), fmt(r.get("p95_ms_real"), 4), fmt(r.get("p95_ms_sim"), 4),
+             fmt(r.get("p95_rel_error")), fmt(r.get("slo_pct_real")), fmt(r.get("slo_pct_sim")),
+             fmt(r.get("slo_error_pp"))) for r in residuals]
+    return ["## Fit residuals per fit replay (the fitted simulator on the same inputs)", "",
+            markdown_table(["replay", "position", "p95 real ms", "p95 sim ms", "p95 rel err", "SLO % real",
+                            "SLO % sim", "SLO err pp"], rows), ""]
+
+
+def replay_paces(records: Sequence[ReplayRecord]) -> pd.DataFrame:
+    """Per real replay with a known position: regime, seed, position, label, no-sync or not, no-merge pace (ms)."""
+    rows = []
+    for rec in records:
+        if rec.position is None:
+            continue
+        outside = rec.results[~rec.results["merge_active"].to_numpy(dtype=bool)]
+        rows.append({"regime": rec.regime, "seed": rec.seed, "position": int(rec.position), "label": rec.label,
+                     "no_sync": rec.is_no_sync, "pace_ms": decode_pace_ms(outside)})
+    return pd.DataFrame(rows, columns=["regime", "seed", "position", "label", "no_sync", "pace_ms"])
+
+
+def pace_figure(records: Sequence[ReplayRecord]) -> Figure:
+    """No-merge decode pace against replay order, coloured by seed (circles: no-sync controls), per regime."""
+    paces = replay_paces(records).dropna(subset=["pace_ms"])
+    regimes = sorted(paces["regime"].unique()) or ["(no real replay with a position)"]
+    figure = Figure(figsize=(max(6.5, 4.5 * len(regimes)), 3.8), layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(1, len(regimes), squeeze=False)[0]
+    seeds = sorted(paces["seed"].unique())
+    for ax, regime in zip(axes, regimes):
+        for seed in seeds:
+            rows = paces[(paces["regime"] == regime) & (paces["seed"] == seed)].sort_values("position")
+            if rows.empty:
+                continue
+            color = f"C{seeds.index(seed) % 10}"
+            ax.plot(rows["position"], rows["pace_ms"], "-", color=color, alpha=0.4, linewidth=0.8)
+            for no_sync, marker in ((True, "o"), (False, "s")):
+                part = rows[rows["no_sync"] == no_sync]
+                ax.scatter(part["position"], part["pace_ms"], marker=marker, s=22, color=color,
+                           label=f"seed {seed}" + (" no-sync" if no_sync else " merges"))
+        ax.set_title(f"regime: {regime}", fontsize="small")
+        ax.set_xlabel("position in the seed's replay order")
+        ax.set_ylabel("no-merge decode pace (ms / token)")
+    handles, labels = axes[0].get_legend_handles_labels()
+    if handles:
+        figure.legend(handles, labels, loc="outside lower center", ncols=min(len(handles), 4), fontsize="small")
+    return figure
+
+
+def save_pace_figure(records: Sequence[ReplayRecord], path: str | os.PathLike[str]) -> Path:
+    """Atomically write `pace_figure` as PNG to `path`."""
+    with atomic_path(path) as tmp:
+        write_png(pace_figure(records), tmp)
+    return Path(path)
 
 
 def render_fidelity_report(evidence: FidelityEvidence, table: pd.DataFrame) -> str:

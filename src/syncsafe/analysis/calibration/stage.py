@@ -3,11 +3,15 @@
 `calibrate_fit_stage` -> `runs/calibration/` (swapped in whole):
 `calibration.json` (the fitted `Calibration`, `fitted: true`, or the shipped
 defaults with `fitted: false` when no fit is possible), `fit.json` (why not,
-the fit seeds, diagnostics and fit residuals), `mechanism.json`
-(`MechanismEvidence` from every real replay), `transfer.csv` (mechanism
-measures real vs simulated on the fit seeds) and `report.md`. It reads the
-vLLM replays and the server profile only: no simulator replay, so the
-replay-simulator stage can depend on it without a cycle.
+the fit seeds, the fit replays: every replay of every fit seed, each seed's
+repeated no-sync controls included; diagnostics and the per-replay fit
+residuals), `mechanism.json` (`MechanismEvidence` from every real replay),
+`transfer.csv` (mechanism measures real vs simulated on the fit seeds) and
+`report.md`; then `pace.png` (`report.pace_figure`, every real replay's
+no-merge pace against its replay order), written atomically into the set
+after the swap. It reads the vLLM replays and the server profile only: no
+simulator replay, so the replay-simulator stage can depend on it without a
+cycle.
 
 `fidelity_stage` -> `runs/fidelity/`: `fidelity.json` (`FidelityEvidence`,
 read by the analyze stage), `fidelity.csv` (per held-out replay), `cdf.png`
@@ -28,13 +32,13 @@ from pydantic import ValidationError
 from syncsafe.analysis.calibration.fidelity import FIDELITY_COLUMNS, fidelity_evidence, save_cdf_figure
 from syncsafe.analysis.calibration.fit import CalibrationFit, fit_calibration
 from syncsafe.analysis.calibration.mechanism import mechanism_evidence, transfer_table
-from syncsafe.analysis.calibration.records import (
-    invalid_replays,
-    read_vllm_records,
-    simulate_record,
-    without_later_controls,
+from syncsafe.analysis.calibration.records import ReplayRecord, invalid_replays, read_vllm_records, simulate_record
+from syncsafe.analysis.calibration.report import (
+    PACE_FIGURE_FILE,
+    render_fidelity_report,
+    render_fit_report,
+    save_pace_figure,
 )
-from syncsafe.analysis.calibration.report import render_fidelity_report, render_fit_report
 from syncsafe.analysis.evidence import FidelityEvidence, MechanismEvidence
 from syncsafe.artifacts import layout
 from syncsafe.artifacts.calibration import (
@@ -83,9 +87,9 @@ def calibrate_fit_stage(params: Params, root: Path = Path(".")) -> FitResult:
     if not cfg.enabled:
         reason = "replay.vllm.enabled is false: nothing was replayed on a real server"
         return _write_fit(root, base, MechanismEvidence(regimes={}), pd.DataFrame(), [], [],
-                          {"fitted": False, "reason": reason, "fit_seeds": fit_seeds}, reason)
+                          {"fitted": False, "reason": reason, "fit_seeds": fit_seeds}, reason, [])
     records = read_vllm_records(params, root)
-    fit_records = [r for r in records if r.seed in fit_seeds]
+    fit_records = [r for r in records if r.seed in fit_seeds]  # every replay of every fit seed, repeats included
     profile = read_server_profile(root, ServerProfile)
     started = time.perf_counter()
     try:
@@ -104,18 +108,23 @@ def calibrate_fit_stage(params: Params, root: Path = Path(".")) -> FitResult:
     transfer = transfer_table(fit_records, sims, params.replay.high_pressure) if fit_records else pd.DataFrame()
     info = {
         "fitted": fit.calibration.fitted, "reason": reason, "fit_seeds": fit_seeds, "held_out_seeds": held,
-        "fit_replays": [r.name for r in without_later_controls(fit_records)], "profile": profile is not None,
+        "fit_replays": [r.name for r in fit_records], "profile": profile is not None,
         "fit_wall_s": wall_s, "diagnostics": fit.diagnostics,
     }
-    return _write_fit(root, fit.calibration, mechanism, transfer, skipped, info["fit_replays"], info, reason)
+    return _write_fit(root, fit.calibration, mechanism, transfer, skipped, info["fit_replays"], info, reason,
+                      records)
 
 
 def _write_fit(root: Path, calibration: Calibration, mechanism: MechanismEvidence, transfer: pd.DataFrame,
-               skipped: list[str], fit_replays: list[str], info: dict, reason: str | None) -> FitResult:
+               skipped: list[str], fit_replays: list[str], info: dict, reason: str | None,
+               records: list[ReplayRecord]) -> FitResult:
     report = render_fit_report(calibration, info.get("diagnostics", {}), transfer, mechanism, skipped, fit_replays,
                                reason)
 
     files = write_calibration_dir(root, calibration, mechanism, info, transfer, report)
+    # the set's writer takes no figure: the pace figure goes in after the swap, atomically on its own
+    out = layout.calibration_dir(root)
+    files = {**files, PACE_FIGURE_FILE: save_pace_figure(records, out / PACE_FIGURE_FILE)}
     return FitResult(calibration, mechanism, transfer, info, files)
 
 
