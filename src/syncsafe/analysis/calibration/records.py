@@ -8,10 +8,12 @@ meets them at the same time scale (`simulate_record`,
 `syncsafe.serving.simulator.simulate_at_time_scale`), so a fitted
 calibration describes the real server in real milliseconds.
 
-Each seed's no-sync schedule is replayed several times, interleaved with the
-other replays (`control` 0, 1, ...; `position` is every replay's place in
-the seed's order): the first is the SLO's source and listed in the vLLM
-index, the later ones in `runs/replay-sets/vllm/repeats.csv` (`repeat`).
+Each seed's no-sync schedule is replayed several times, one control per
+block of the regime's randomised block order (`control` 0, 1, ...;
+`position` is every replay's place in the regime's order): the first is
+listed in the vLLM index, the later ones in
+`runs/replay-sets/vllm/repeats.csv` (`repeat`); the SLO comes from all of
+them pooled.
 The mechanism gate pairs each replay with its nearest controls; the fit
 uses every control of every fit seed.
 
@@ -80,7 +82,7 @@ class ReplayRecord:
     slo: SloSpec | None = None
     #: Which no-sync control this replay is (0 = the first), None for a replay with merges.
     control: int | None = None
-    #: Place in its seed's replay order (None: unknown, as in replays written before positions were kept).
+    #: Place in its regime's replay order (None: unknown, as in replays written before positions were kept).
     position: int | None = None
     #: The replay loaded the server with the timeline's inference pressure (the vLLM arm does not).
     pressure_applied: bool = False
