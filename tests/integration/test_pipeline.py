@@ -149,9 +149,10 @@ def test_dvc_repro_in_a_fresh_copy_then_nothing_to_do(tmp_path, repo_root, raw_p
     raw_params["control"]["policies"] = ["fixed_h", "wa_diloco"]
     raw_params["schedules"]["source"] = "train"
     raw_params["train"].update({"corpus_bytes": 300_000, "eval_batches": 2})
-    # the real vLLM server, briefly: a plan of about a minute of replays, the primary and fixed_h, one draw each
+    # the real vLLM server, briefly: a 30 s span, the primary (and fixed_h when it fits), one draw each; the
+    # budget pays for the primary's six replays down to a time scale of 1.5
     raw_params["replay"]["vllm"].update({"python": str(repo_root / ".venv-vllm" / "bin" / "python"),
-                                         "regimes": ["bursty"], "policies": ["fixed_h"], "draws": 1, "budget_s": 100,
+                                         "regimes": ["bursty"], "policies": ["fixed_h"], "draws": 1, "budget_s": 130,
                                          "capacity_probe_s": 2, "span_s": 30, "warmup_max_s": 30,
                                          "min_requests": 60, "min_merge_active": 5})
     (project / "params.yaml").write_text(yaml.safe_dump(raw_params))
