@@ -323,7 +323,7 @@ class RealArm:
     def replay(self, item: PlannedReplay, requests: pd.DataFrame, timeline: pd.DataFrame, plan: RegimePlan,
                load_utilisation: float, ttft_bound_ms: float | None) -> Measured:
         """One planned replay, retried once when the machine was busy; its per-request table and summary
-        fields (written once the seed's SLO is known: `write_measured`)."""
+        fields (written once the seed's SLO is known: `write_regime`)."""
         cfg = self.cfg
         attempts, began = 0, time.monotonic()
         placement = {**self.placement.record(), "enacted": self.enacted()}
@@ -401,8 +401,7 @@ def replay_vllm(params: Params, root: Path = Path(".")) -> pd.DataFrame:
         with tqdm(total=total, desc="replay vllm", unit="replay", leave=False) as bar:
             for regime, items in planned.items():
                 measured = replay_regime(arm, plan, regime, items, bar)
-                for m in measured:
-                    row = write_measured(params, root, m, measured)
+                for m, row in zip(measured, write_regime(params, root, measured)):
                     (repeats if m.item.control else rows).append(row)
         clock.lap("replays")
     write_set_index(out_root / REPEATS_FILE, repeats)
@@ -448,21 +447,25 @@ def replay_regime(arm: RealArm, plan: RealPlan, regime: str, items: list[Planned
     return measured
 
 
-def write_measured(params: Params, root: Path, m: Measured, regime_measured: list[Measured]) -> dict:
-    """Write one replay with its seed's SLO pooled from its valid controls (all its controls when none is
-    valid), its bootstrap intervals and its controls' spread; its index row."""
+def write_regime(params: Params, root: Path, measured: list[Measured]) -> list[dict]:
+    """Write every replay of a regime with its seed's SLO pooled from its valid controls (all its controls
+    when none is valid), its bootstrap intervals and its controls' spread; their index rows, in order."""
     cfg = params.replay.vllm
-    controls = [c for c in regime_measured if c.seed == m.seed and c.item.control is not None]
-    valid = [c.results for c in controls if c.extra["valid"]]
-    slo = pooled_slo(params, valid or [c.results for c in controls])
-    intervals = replay_intervals(m.results, slo, cfg.bootstrap_resamples,
-                                 (m.seed, m.item.position, 0x5C1))
-    summary = write_replay(m.item.out, m.results, slo, params, {
-        **m.extra, **intervals, "slo_controls": len(valid),
-        "control_spread": control_spread(valid)})
-    row = index_row(m.item.row, "vllm", m.item.schedule, summary, m.item.out, root)
-    row["schedule"] = m.item.row["path"]
-    return row
+    per_seed = {}
+    for seed in dict.fromkeys(m.seed for m in measured):  # once per seed: SLO, spread, valid controls
+        controls = [c for c in measured if c.seed == seed and c.item.control is not None]
+        valid = [c.results for c in controls if c.extra["valid"]]
+        per_seed[seed] = (pooled_slo(params, valid or [c.results for c in controls]),
+                          {"slo_controls": len(valid), "control_spread": control_spread(valid)})
+    rows = []
+    for m in measured:
+        slo, seed_fields = per_seed[m.seed]
+        intervals = replay_intervals(m.results, slo, cfg.bootstrap_resamples, (m.seed, m.item.position, 0x5C1))
+        summary = write_replay(m.item.out, m.results, slo, params, {**m.extra, **intervals, **seed_fields})
+        row = index_row(m.item.row, "vllm", m.item.schedule, summary, m.item.out, root)
+        row["schedule"] = m.item.row["path"]
+        rows.append(row)
+    return rows
 
 
 class _PhaseClock:
