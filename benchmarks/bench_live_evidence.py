@@ -60,7 +60,7 @@ def prepare(root: Path, source: Path, regimes: list[str], seeds: list[int], poli
     params = load_params(path)
     from syncsafe.diloco.launch import train_regime
     from syncsafe.serving.vllm_plan import vllm_controllers, vllm_seeds
-    from syncsafe.serving.vllm_replay import served_model
+    from syncsafe.serving.real_arm import served_model
     from syncsafe.traces.stage import build_traces
 
     for regime in sorted({*regimes, *params.replay.vllm.regimes[:1]}):

@@ -2,7 +2,7 @@
 
 ```
 prepare ─► traces[regime] ─► train[regime × policy × seed] ─► schedules[regime] ─► schedule_index
-  ─► replay_vllm ─► calibrate_fit ─► replay_simulator[regime] ─► replay_index ─► fidelity ─► analyze
+  ─► profile_vllm ─► replay_vllm ─► calibrate_fit ─► replay_simulator[regime] ─► replay_index ─► fidelity ─► analyze
 train_resources ─► train ─► live (skipped unless live.enabled) ─► analyze
 ```
 
@@ -40,13 +40,13 @@ train_resources ─► train ─► live (skipped unless live.enabled) ─► an
   calibration loop follows the pipeline's: ``calibrate_fit`` fits the
   simulator to the fit seeds' real replays, the simulator replays use that
   fit, and ``fidelity`` judges it on the held-out seeds before ``analyze``.
-  When ``replay.vllm.enabled`` is false, ``replay_vllm`` is skipped and
+  When ``replay.vllm.enabled`` is false, ``profile_vllm`` and ``replay_vllm`` are skipped and
   ``calibrate_fit`` writes the shipped defaults (``calibration: default``):
   ``analyze`` then has no mechanism evidence and an unlicensed simulator, so
   its verdicts license no serving claim.
 - ``live`` runs ``syncsafe live`` (the controller as a sidecar beside a real
   vLLM server, on the wall clock) after training; skipped unless ``live.enabled``.
-- GPU tasks (the stages declared on the ``gpu`` queue: ``train``, ``replay_vllm``,
+- GPU tasks (the stages declared on the ``gpu`` queue: ``train``, ``profile_vllm``, ``replay_vllm``,
   ``live``) go to the GPU queue / pool / executor of ``syncsafe_dag_support.gpu_task_kwargs``.
 - Every task exports ``SYNCSAFE_PIPELINE_RUN_ID=airflow-syncsafe_nightly-<run_id>``:
   each stage's MLflow run lands under one pipeline run per DAG run.
@@ -228,6 +228,20 @@ def syncsafe_nightly():
         _label(regime)
         return stage_command(run, "replay", "run", "--backend", "simulator", "--regime", regime)
 
+    @task.bash(**_stage("profile-vllm"))
+    def profile_vllm(run: dict, enabled: bool) -> str:
+        """The server profile the real arm plans from, on the worker (and accelerator) that replays."""
+        if not enabled:
+            from airflow.sdk.exceptions import AirflowSkipException
+
+            raise AirflowSkipException("replay.vllm.enabled is false for this run")
+        from pathlib import Path
+
+        import syncsafe_dag_support as sup
+
+        params = sup.vllm_params_here(Path(run["workdir"]), sup.repo_dir())
+        return stage_command(run, "replay", "profile", params=params)
+
     @task.bash(**_stage("replay-vllm"))
     def replay_vllm(run: dict, enabled: bool) -> str:
         if not enabled:
@@ -287,6 +301,7 @@ def syncsafe_nightly():
         "train": train.partial(run=run).expand(item=train_grid(plan)),
         "schedules": schedules.partial(run=run).expand(regime=names),
         "schedule-index": schedule_index(run),
+        "profile-vllm": profile_vllm(run, plan["vllm"]),
         "replay-vllm": replay_vllm(run, plan["vllm"]),
         "calibrate-fit": calibrate_fit(run),
         "replay-simulator": replay_simulator.partial(run=run).expand(regime=names),

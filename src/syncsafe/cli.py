@@ -143,6 +143,14 @@ def replay_run(
     _run(f"replay-{backend}", params, root, regime)
 
 
+@replay_app.command("profile")
+@_fails_cleanly
+def replay_profile(params: ParamsOpt = Path("params.yaml"), root: RootOpt = Path(".")) -> None:
+    """Stage profile-vllm: the server profile the real arm plans from (capacity, time scale, noise, engine
+    costs). To re-profile inside the pipeline (dvc.lock updated): `syncsafe run --redo profile-vllm`."""
+    _run("profile-vllm", params, root)
+
+
 @replay_app.command("index")
 @_fails_cleanly
 def replay_index(params: ParamsOpt = Path("params.yaml"), root: RootOpt = Path(".")) -> None:
@@ -379,6 +387,9 @@ def profile(
 def run_pipeline(
     jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="cores to fill; default: all of them")] = None,
     force: Annotated[bool, typer.Option("--force", help="run every item, not only the stale ones")] = False,
+    redo: Annotated[list[str] | None, typer.Option(
+        "--redo", help="a stage (or item) to run again though up to date, and what reads from it; e.g. "
+                       "--redo profile-vllm re-profiles the server")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="list the items, what each waits for and its cores")] = False,
     root: Annotated[Path, typer.Option("--root", help="the DVC project (its params.yaml and dvc.yaml)")] = Path("."),
 ) -> None:
@@ -390,13 +401,13 @@ def run_pipeline(
     params = load_params(root / "params.yaml")
     if dry_run:
         items = parallel.plan(params)
-        todo = {i.name for i in items} if force else parallel.stale(items, root)
+        todo = parallel.to_run(items, root, force, redo or [])
         for item in items:
             mark = "run " if item.name in todo else "ok  "
             extra = " alone" if item.alone else f" {item.cores} core{'s' if item.cores > 1 else ''}"
             typer.echo(f"{mark}{item.name}{extra}; after: {', '.join(sorted(item.after)) or '-'}")
         return
-    outcome = parallel.run(params, root, jobs, force, echo=typer.echo)
+    outcome = parallel.run(params, root, jobs, force, echo=typer.echo, redo=redo or [])
     if outcome.failed:
         name, code, tail = outcome.failed
         typer.echo(f"error: stage {name} failed (exit {code}); the end of logs/run/{name}.log:\n{tail}", err=True)

@@ -143,11 +143,11 @@ def test_dagbag_imports_cleanly_and_every_dag_has_tags_and_retries(tmp_path: Pat
                           and set(tasks[task[s.name]]["upstream"]) & stage_tasks <= {task[n] for n in order}))
     assert order == topological_order()
     # the calibration loop: real replay -> fit -> simulator replays on the fit -> fidelity -> analyze
-    assert order.index("replay-vllm") < order.index("calibrate-fit") < order.index("replay-simulator")
+    assert order.index("profile-vllm") < order.index("replay-vllm") < order.index("calibrate-fit") < order.index("replay-simulator")
     assert order.index("replay-simulator") < order.index("fidelity") < order.index("analyze")
     assert "train_resources" in tasks["train"]["upstream"]
     # GPU work (the stages declared on the gpu queue) goes to the GPU queue and pool; the rest stays on the default ones
-    assert {s.name for s in STAGES if s.queue == "gpu"} == {"train", "replay-vllm", "live"}
+    assert {s.name for s in STAGES if s.queue == "gpu"} == {"train", "profile-vllm", "replay-vllm", "live"}
     for spec in STAGES:
         t = tasks[task[spec.name]]
         if spec.queue == "gpu":
@@ -184,9 +184,10 @@ def test_gpu_tasks_follow_the_routing_environment(tmp_path: Path) -> None:
     islands = yaml.safe_load((REPO / "src" / "syncsafe" / "profiles" / "gpu.yaml").read_text())["train"]["islands"]
     for kind in ("limits", "requests"):
         assert int(base["resources"][kind]["nvidia.com/gpu"]) == islands, kind
-    replay = bag["dags"]["syncsafe_nightly"]["tasks"]["replay_vllm"]
-    assert (replay["queue"], replay["pool"], replay["executor"]) == ("a100", "a100_slots", "KubernetesExecutor")
-    assert Path(replay["executor_config"]["pod_template_file"]) == template
+    for name in ("profile_vllm", "replay_vllm"):  # the profile is measured on the machine that replays
+        replay = bag["dags"]["syncsafe_nightly"]["tasks"][name]
+        assert (replay["queue"], replay["pool"], replay["executor"]) == ("a100", "a100_slots", "KubernetesExecutor")
+        assert Path(replay["executor_config"]["pod_template_file"]) == template
 
 
 # --------------------------------------------------------------------------- run params
@@ -287,10 +288,10 @@ def test_nightly_dag_runs_the_cpu_profile_with_tiny_params(airflow_home: Path, t
 
     states = _task_states(airflow_home, "syncsafe_nightly")
     # replay.vllm.enabled: false: no real replay; calibrate_fit writes the shipped defaults and fidelity says so
-    assert states[("replay_vllm", -1)] == "skipped"
+    assert states[("replay_vllm", -1)] == states[("profile_vllm", -1)] == "skipped"
     assert states[("calibrate_fit", -1)] == states[("fidelity", -1)] == "success"
     assert states[("live", -1)] == "skipped"  # live.enabled: false on the cpu profile
-    assert [k for k, s in states.items() if s != "success" and k[0] not in ("replay_vllm", "live")] == []
+    assert [k for k, s in states.items() if s != "success" and k[0] not in ("profile_vllm", "replay_vllm", "live")] == []
     assert sorted(m for (t, m) in states if t == "train") == [0, 1]  # 1 regime x 2 policies x 1 seed
 
     (run_dir,) = (work / "syncsafe_nightly").iterdir()

@@ -79,7 +79,7 @@ def test_gpu_profile_replay_of_an_absent_hub_model_exits_2_naming_it(tmp_path, m
     """The replay used to read the hub id as a local path (FileNotFoundError): now one line, exit 2."""
     from huggingface_hub import constants
 
-    from syncsafe.serving.vllm_replay import served_model
+    from syncsafe.serving.real_arm import served_model
 
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
     raw = compose_file(REPO / "params.yaml", ["gpu"])
@@ -136,8 +136,9 @@ def _gpu_params(tmp_path: Path) -> Path:
                 "dataset_config": None, "text_field": "text"},
     })  # fmt: skip
     raw["replay"]["simulator"] = {**raw["replay"].get("simulator", {}), "calibration": None}
-    # a 40 s span: 3 no-sync controls, the primary, its draw and its span cadence (about 170 s of replays)
-    vllm = {"python": str(VLLM_PYTHON), "regimes": ["bursty"], "seeds": [0], "draws": 1, "span_s": 40, "budget_s": 200,
+    # a 40 s span: 3 no-sync controls, the primary, its draw and its span cadence (about 170 s of replays at a
+    # time scale of 1.5; the budget pays for them down to 0.85)
+    vllm = {"python": str(VLLM_PYTHON), "regimes": ["bursty"], "seeds": [0], "draws": 1, "span_s": 40, "budget_s": 300,
             "warmup_s": 0, "startup_timeout_s": 900, "server_args": VllmReplay().server_args, "engine_profile": False,
             "capacity_probe_s": 2}
     raw["replay"]["vllm"].update({k: v for k, v in vllm.items() if k in VllmReplay.model_fields})
@@ -156,7 +157,7 @@ def test_gpu_profile_trains_exports_and_serves_on_cpu(tmp_path, monkeypatch):
     assert p.profile == "gpu+tiny" and (p.train.device, p.train.source) == ("cpu", "hub")
     root = tmp_path / "project"
     policy = p.control.policies[0]
-    for cmd in (["traces"], ["train"], ["schedules", "build"], ["schedules", "index"],
+    for cmd in (["traces"], ["train"], ["schedules", "build"], ["schedules", "index"], ["replay", "profile"],
                 ["replay", "run", "--backend", "vllm"]):
         result = CliRunner().invoke(app, [*cmd, "--params", str(params), "--root", str(root)])
         assert result.exit_code == 0, f"{cmd}: {result.output}"

@@ -154,7 +154,7 @@ def server_stop_drill(root: Path, params_path: Path):
     from syncsafe.control.harness import ProgressModelLearners
     from syncsafe.control.live_signals import LiveSignals, SignalSettings, http_fetch
     from syncsafe.control.policies import PressureGate
-    from syncsafe.serving.vllm_replay import served_model
+    from syncsafe.serving.real_arm import served_model
     from syncsafe.serving.vllm_server import VllmServer
 
     params = load_params(params_path)

@@ -150,9 +150,9 @@ def test_dvc_repro_in_a_fresh_copy_then_nothing_to_do(tmp_path, repo_root, raw_p
     raw_params["schedules"]["source"] = "train"
     raw_params["train"].update({"corpus_bytes": 300_000, "eval_batches": 2})
     # the real vLLM server, briefly: a 30 s span, the primary (and fixed_h when it fits), one draw each; the
-    # budget pays for the primary's six replays down to a time scale of 1.5
+    # budget pays for the primary's six replays down to a time scale of 0.8
     raw_params["replay"]["vllm"].update({"python": str(repo_root / ".venv-vllm" / "bin" / "python"),
-                                         "regimes": ["bursty"], "policies": ["fixed_h"], "draws": 1, "budget_s": 130,
+                                         "regimes": ["bursty"], "policies": ["fixed_h"], "draws": 1, "budget_s": 250,
                                          "capacity_probe_s": 2, "span_s": 30, "warmup_max_s": 30,
                                          "min_requests": 60, "min_merge_active": 5})
     (project / "params.yaml").write_text(yaml.safe_dump(raw_params))
@@ -181,6 +181,15 @@ def test_dvc_repro_in_a_fresh_copy_then_nothing_to_do(tmp_path, repo_root, raw_p
     assert second.returncode == 0
     assert "Running stage" not in second.stdout
     assert "up to date" in second.stdout
+    # the server profile is reused until what it measures changes: a new replay budget re-plans, never re-profiles
+    raw_params["replay"]["vllm"]["budget_s"] = 260
+    (project / "params.yaml").write_text(yaml.safe_dump(raw_params))
+    changed = json.loads(run("dvc", "status", "--json").stdout)
+    assert "replay-vllm" in changed and "profile-vllm" not in changed
+    dry = run("syncsafe", "run", "--dry-run", "--redo", "profile-vllm")  # re-profiling on purpose
+    assert dry.returncode == 0, dry.stderr
+    assert "run profile-vllm alone" in dry.stdout and "run replay-vllm alone" in dry.stdout
+    assert "ok  traces@bursty" in dry.stdout
 
 
 def test_dvc_yaml_command_writes_the_render_and_check_names_a_stage_that_differs(tmp_path, cli):

@@ -159,7 +159,8 @@ def test_tracking_off_runs_the_stage_and_writes_nothing(tmp_path: Path) -> None:
 
 
 def test_every_pipeline_stage_has_a_collector() -> None:
-    assert set(COLLECTORS) == {"traces", "train", "schedules", "replay-simulator", "replay-vllm", "live",
+    assert set(COLLECTORS) == {"traces", "train", "schedules", "replay-simulator", "profile-vllm", "replay-vllm",
+                               "live",
                                "calibrate-fit", "fidelity", "analyze"}
     assert collect_stage("schedule-index", Path("."), None, None).runs == []
 

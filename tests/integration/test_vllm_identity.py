@@ -166,7 +166,7 @@ def test_killing_the_stage_leaves_no_server_behind(tmp_path, sig, tiny_raw):
     params = _project(tmp_path, tiny_raw())
     for cmd in (["traces"], ["schedules", "build"], ["schedules", "index"]):
         assert _cli(*cmd, params=params, root=tmp_path).wait(timeout=300) == 0
-    stage = _cli("replay", "run", "--backend", "vllm", params=params, root=tmp_path)
+    stage = _cli("replay", "profile", params=params, root=tmp_path)  # the first stage that starts a server
     server_procs: list[psutil.Process] = []
     try:
         found, deadline = None, time.monotonic() + 900
@@ -184,9 +184,9 @@ def test_killing_the_stage_leaves_no_server_behind(tmp_path, sig, tiny_raw):
         while _port_listening(port) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert not _port_listening(port), f"port {port} still listening after the stage died"
-        assert not (tmp_path / "runs" / "replay-sets" / "vllm" / "index.csv").exists()
+        assert not (tmp_path / "runs" / "server-profile" / "server.json").exists()
         assert not list((tmp_path / "runs").rglob("server.log")) and not list((tmp_path / "runs").rglob(".scratch"))
-        assert (tmp_path / "logs" / "replay-vllm" / "server.log").is_file()
+        assert (tmp_path / "logs" / "profile-vllm" / "server.log").is_file()
     finally:
         if stage.poll() is None:
             stage.kill()

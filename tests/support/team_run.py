@@ -92,6 +92,9 @@ def team_up(prefix: str, *up_args: str) -> Iterator[stack.Layout]:
     try:
         done = team_script("up", "--dir", str(root), *up_args, "--env", "SYNCSAFE_RETRIES=0")
         assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
+        admin = stack.load(layout)["secrets"]["admin"]
+        assert admin not in done.stdout + done.stderr, "`team up` printed the admin password"
+        assert str(layout.airflow_home / "passwords.json") in done.stdout, "it prints where the password is"
         yield layout
     finally:
         stack.down(layout)

@@ -59,7 +59,31 @@ def test_a_delay_without_netem_is_refused_not_dropped():
         qdisc_args(Shape(100, 5), netem=False)
 
 
-@pytest.mark.parametrize("rate, delay", [(0, 0), (-1, 0), (10, -1)])
+@pytest.mark.parametrize("rate, delay", [(0, 0), (-1, 0), (10, -1), (float("nan"), 0), (10, float("nan")),
+                                         (float("inf"), 0), (10, float("inf"))])
 def test_bad_shapes_are_refused(rate, delay):
     with pytest.raises(BadInput, match="link"):
         Shape(rate, delay)
+
+
+@pytest.mark.parametrize("argv", [["shape", "a", "--delay-ms", "nan"], ["shape", "a", "--rate-mbit", "inf"],
+                                  ["up", "--hosts", "0"], ["status", "--hosts", "9"]])
+def test_every_bad_number_is_one_line_and_exit_2(argv):
+    from typer.testing import CliRunner
+
+    from syncsafe.fleet.__main__ import app
+
+    done = CliRunner().invoke(app, argv)
+    assert done.exit_code == 2, done.output
+    assert done.output.count("\n") == 1 and done.output.startswith("error: ") and "Traceback" not in done.output
+
+
+def test_a_machine_without_ip_gets_one_line_not_a_traceback(monkeypatch, tmp_path):
+    from typer.testing import CliRunner
+
+    from syncsafe.fleet.__main__ import app
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no ip, no tc
+    done = CliRunner().invoke(app, ["status"])
+    assert done.exit_code == 1 and done.output.strip() == \
+        "error: ip not found on PATH (the fleet needs iproute2's ip and tc)"

@@ -123,4 +123,6 @@ def test_the_real_arm_never_timed_shows_its_declared_wall_not_zero(items, tmp_pa
     left, untimed, _ = progress.left([(replay, log, 60.0)], [])
     assert untimed == 0 and left == pytest.approx(replay.declared_s - 60.0)
     assert Progress(jobs=2, timings={"replay-vllm": 500.0}).estimate(replay) == 500.0  # a timing wins
-    assert all(i.declared_s is None for n, i in items.items() if n != "replay-vllm")
+    profile = items["profile-vllm"]
+    assert profile.declared_s is not None and profile.declared_s >= cfg.warmup_max_s
+    assert all(i.declared_s is None for n, i in items.items() if n not in ("replay-vllm", "profile-vllm"))

@@ -22,6 +22,7 @@ from syncsafe.traces.trace_regime import (
     build_trace_sets,
     clip_tokens,
     derive_timeline,
+    scale_output,
     scale_rate,
     token_limit,
 )
@@ -100,6 +101,25 @@ def test_rate_scale_thins_and_replicates_deterministically():
     pd.testing.assert_frame_equal(half, scale_rate(req, 0.5, "r"))
     double = scale_rate(req, 2.0, "r")
     assert len(double) == 8000 and (double["arrival_s"].to_numpy()[::2] == req["arrival_s"].to_numpy()).all()
+
+
+def test_output_scale_shortens_answers_and_keeps_every_arrival(raw_params, tmp_path):
+    req = pd.DataFrame({"arrival_s": [0.0, 1.0, 2.0], "prompt_tokens": [10, 20, 30], "output_tokens": [1, 10, 101]})
+    scaled = scale_output(req, 0.25)
+    assert scaled["output_tokens"].tolist() == [1, 2, 25], "rounded, at least one token"
+    assert scaled[["arrival_s", "prompt_tokens"]].equals(req[["arrival_s", "prompt_tokens"]])
+    assert scale_output(req, 1.0) is req
+    full = build_traces(parse_params(_with_regime(raw_params, path=str(AZURE), format="azure")), "tr", tmp_path / "a")
+    short = build_traces(parse_params(_with_regime(raw_params, path=str(AZURE), format="azure", output_scale=0.25)),
+                         "tr", tmp_path / "b")
+    assert len(full) == len(short)
+    for seed in parse_params(raw_params).seeds:
+        a = pd.read_parquet(trace_dir(tmp_path / "a", "tr", seed) / "requests.parquet")
+        b = pd.read_parquet(trace_dir(tmp_path / "b", "tr", seed) / "requests.parquet")
+        assert a["arrival_s"].equals(b["arrival_s"]), "the arrival pattern stays the trace's"
+        assert b["output_tokens"].mean() < 0.4 * a["output_tokens"].mean()
+        info = json.loads((trace_dir(tmp_path / "b", "tr", seed) / TRACE_INFO).read_text())
+        assert info["output_scale"] == 0.25
 
 
 def _hand_regime(**extra) -> TraceRegime:

@@ -61,7 +61,7 @@ def read_fidelity(root: PathLike, model: type[M]) -> M | None:
 
 
 def read_server_profile(root: PathLike, model: type[M]) -> M | None:
-    """runs/replay-sets/vllm/profile.json (None when the vLLM replay did not profile the server)."""
+    """runs/server-profile/profile.json: the engine profile (None when the profile-vllm stage measured none)."""
     return read_optional(layout.at(root, layout.VLLM_PROFILE), model, "server profile")
 
 

@@ -27,7 +27,10 @@ No other module writes these names; they import them from here. Two forms:
       TRAIN_LOGS                  logs/train  (wall-clock facts: not stage outputs)
       study_dir(root, name), study_log_dir(root, name)   reports/studies/<name>, logs/studies/<name>
       VLLM_SERVER_LOG, LIVE_SERVER_LOG   logs/replay-vllm/server.log, logs/live/server.log
-      VLLM_PROFILE, VLLM_PLAN     runs/replay-sets/vllm/profile.json, runs/replay-sets/vllm/plan.json
+      PROFILE_SERVER_LOG          logs/profile-vllm/server.log
+      SERVER_PROFILE              runs/server-profile (the profile-vllm stage)
+      VLLM_SERVER_FILE, VLLM_PROFILE   runs/server-profile/server.json, runs/server-profile/profile.json
+      VLLM_PLAN                   runs/replay-sets/vllm/plan.json
       UNTRAINED_MODEL, VLLM_CACHE, TOKENIZER_CACHE   models/serve-untrained, models/vllm-cache, models/tokenizer
 
 - **Root-anchored** functions taking the project `root` first, for code that
@@ -86,6 +89,8 @@ REPEAT_SUFFIX = "-repeat"
 #: vLLM replay set files (runs/replay-sets/vllm/).
 REPEATS_FILE = "repeats.csv"
 PROFILE_FILE = "profile.json"
+#: The server profile (runs/server-profile/): the engine profile (PROFILE_FILE), loads and warm-up (this).
+SERVER_FILE = "server.json"
 PLAN_FILE = "plan.json"
 #: Where the real arm keeps its span-matched draws: runs/replay-sets/vllm/<regime>/seed-<S>/<this>/<controller>-<DDD>/.
 SPAN_DRAWS_DIR = "matched_random_span"
@@ -129,9 +134,12 @@ VLLM = "vllm"
 VLLM_SET = REPLAY_SETS / VLLM
 VLLM_INDEX = VLLM_SET / INDEX_FILE
 VLLM_REPEATS = VLLM_SET / REPEATS_FILE
-VLLM_PROFILE = VLLM_SET / PROFILE_FILE
 VLLM_PLAN = VLLM_SET / PLAN_FILE
-VLLM_SERVER_METRICS = VLLM_SET / SERVER_METRICS_FILE
+#: The server profile (the profile-vllm stage), measured once per machine and model, read by the real arm's plan.
+SERVER_PROFILE = RUNS / "server-profile"
+VLLM_SERVER_FILE = SERVER_PROFILE / SERVER_FILE
+VLLM_PROFILE = SERVER_PROFILE / PROFILE_FILE
+VLLM_SERVER_METRICS = SERVER_PROFILE / SERVER_METRICS_FILE
 CALIBRATION = RUNS / "calibration"
 FITTED_CALIBRATION = CALIBRATION / CALIBRATION_FILE
 MECHANISM = CALIBRATION / MECHANISM_FILE
@@ -143,6 +151,7 @@ LIVE = RUNS / "live"
 LIVE_INDEX = LIVE / INDEX_FILE
 TRAIN_LOGS = LOGS / "train"
 VLLM_SERVER_LOG = LOGS / "replay-vllm" / SERVER_LOG_FILE
+PROFILE_SERVER_LOG = LOGS / "profile-vllm" / SERVER_LOG_FILE
 LIVE_SERVER_LOG = LOGS / "live" / SERVER_LOG_FILE
 #: Studies (syncsafe.studies, not stage outputs): reports/studies/<name>/{table.csv, seeds.csv, figure.png,
 #: report.md, run.json, points/<point>.json}; the queue's logs in logs/studies/<name>/.

@@ -254,7 +254,7 @@ class VllmReplay(Strict):
     #: Trace seconds [0, span_s) every real replay covers; null = sized by the gate's power within `budget_s`.
     span_s: PositiveFloat | None = None
     #: Wall seconds the planned replays may take (server start, profile and capacity probes not counted).
-    budget_s: PositiveFloat = 2400.0
+    budget_s: PositiveFloat = 4800.0
     #: Power of the mechanism gate the plan is sized for, at the profiled effect.
     power_target: Annotated[float, Field(gt=0, lt=1)] = 0.8
     startup_timeout_s: PositiveFloat = 900.0

@@ -89,8 +89,8 @@ class PressureHeavyRegime(_RegimeBase):
 class TraceRegime(_RegimeBase):
     """Segments of a recorded request trace: seed s replays [offset_s + s * stride_s, + duration_s).
 
-    Rules (syncsafe.traces.trace_regime): arrivals re-based to 0; `rate_scale`
-    thins (< 1) or replicates (> 1) requests, seeded; token counts clipped to the
+    Rules (syncsafe.traces.trace_regime): arrivals re-based to 0; `output_scale`
+    scales output lengths; `rate_scale` thins (< 1) or replicates (> 1) requests, seeded; token counts clipped to the
     served model's context; the load timeline derived from the segment's own
     arrivals (trailing `smooth_s` token load against levels of the whole trace).
     """
@@ -105,6 +105,9 @@ class TraceRegime(_RegimeBase):
     stride_s: PositiveFloat | None = None
     #: Arrival-rate multiplier to fit the served model.
     rate_scale: PositiveFloat = 1.0
+    #: Output-length multiplier (each request keeps at least one output token): lets a small served model take
+    #: the trace's arrival pattern at its own rate where the trace's answers are longer than it can serve.
+    output_scale: PositiveFloat = 1.0
     #: Trailing window (s) over which the token load is averaged.
     smooth_s: PositiveFloat = 30.0
     #: busy where the smoothed token load exceeds this quantile of the whole trace's.

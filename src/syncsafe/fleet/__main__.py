@@ -38,6 +38,10 @@ def _do(step, *args) -> None:
     except netns.FleetError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(EXIT_FAILED) from None
+    except FileNotFoundError as err:  # `ip` or `tc` missing: one line, not a traceback
+        typer.echo(f"error: {err.filename or err} not found on PATH (the fleet needs iproute2's ip and tc)",
+                   err=True)
+        raise typer.Exit(EXIT_FAILED) from None
 
 
 @app.command()
@@ -60,7 +64,9 @@ def down(hosts: Hosts = 8, name: Name = DEFAULT_NAME, subnet: Subnet = DEFAULT_S
 def status(hosts: Hosts = 2, name: Name = DEFAULT_NAME, subnet: Subnet = DEFAULT_SUBNET) -> None:
     """Each host's namespace and address, and whether it exists."""
     fleet = _fleet(hosts, name, subnet)
-    present = set(netns.existing(fleet))
+    found: list[str] = []
+    _do(lambda: found.extend(netns.existing(fleet)))
+    present = set(found)
     for host in fleet.hosts:
         ns = fleet.namespace(host)
         state = "up" if ns in present else "absent"

@@ -13,6 +13,9 @@ sees no carrier); ``restore`` sets it up again.
 from __future__ import annotations
 
 import functools
+import math
+import os
+import secrets
 import subprocess
 from dataclasses import dataclass
 
@@ -32,10 +35,10 @@ class Shape:
     delay_ms: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.rate_mbit is not None and not self.rate_mbit > 0:
-            raise BadInput(f"link rate_mbit {self.rate_mbit}: expected a positive rate or none")
-        if self.delay_ms < 0:
-            raise BadInput(f"link delay_ms {self.delay_ms}: expected >= 0")
+        if self.rate_mbit is not None and not (math.isfinite(self.rate_mbit) and self.rate_mbit > 0):
+            raise BadInput(f"link rate_mbit {self.rate_mbit}: expected a finite positive rate or none")
+        if not (math.isfinite(self.delay_ms) and self.delay_ms >= 0):
+            raise BadInput(f"link delay_ms {self.delay_ms}: expected a finite number >= 0")
 
     @property
     def is_plain(self) -> bool:
@@ -56,15 +59,35 @@ def qdisc_args(shape: Shape, netem: bool) -> list[str]:
     if shape.delay_ms > 0:
         raise FleetError(f"a link delay of {shape.delay_ms:g} ms needs the netem qdisc, which this kernel "
                          f"does not have (tc: Specified qdisc kind is unknown); only a rate can be shaped here")
-    assert shape.rate_mbit is not None
+    if shape.rate_mbit is None:
+        raise FleetError("a plain link has no qdisc to put on it (clear it instead)")
     burst = max(MIN_BURST_BYTES, int(shape.rate_mbit * 1e6 / 8 / 1000))
     return ["tbf", "rate", f"{shape.rate_mbit:g}mbit", "burst", str(burst), "latency", "1s"]
 
 
+#: Scratch namespaces of the netem probe: `<this><pid>-<random>`, unique per probe; one whose pid is gone was
+#: left by a killed probe and is reaped by the next.
+PROBE_PREFIX = "ssf-netem-"
+
+
+def reap_probe_namespaces() -> list[str]:
+    """Delete the probe namespaces whose process is gone (a probe killed by SIGKILL); the ones deleted."""
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    gone = []
+    for name in (line.split()[0] for line in listed.splitlines() if line.startswith(PROBE_PREFIX)):
+        pid = name[len(PROBE_PREFIX):].split("-")[0]
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+            gone.append(name)
+    return gone
+
+
 @functools.cache
 def has_netem() -> bool:
-    """Whether this kernel has the netem qdisc (tried on a scratch namespace's loopback-less dummy link)."""
-    ns = "ssf-probe-netem"
+    """Whether this kernel has the netem qdisc (tried on a scratch namespace's loopback-less dummy link; the
+    namespace's name is unique to this probe, so no other namespace is ever touched)."""
+    reap_probe_namespaces()
+    ns = f"{PROBE_PREFIX}{os.getpid()}-{secrets.token_hex(3)}"
     subprocess.run(["ip", "netns", "add", ns], capture_output=True)
     try:
         subprocess.run(["ip", "-n", ns, "link", "add", "probe0", "type", "dummy"], capture_output=True)

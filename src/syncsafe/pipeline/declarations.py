@@ -84,6 +84,13 @@ _E = "syncsafe.pipeline.entries"
 SHIPPED_TRACES = "assets/traces"
 
 
+#: The keys of `replay.vllm` the server profile depends on (the server, its load target, the warm-up, the probes).
+PROFILE_KEYS = ("enabled", "python", "model", "regimes", "server_args", "engine_profile", "engine_profile_probe_s", "time_scale",
+                "target_utilisation", "capacity_ttft_factor", "capacity_probe_s", "startup_timeout_s",
+                "request_timeout_s", "max_in_flight", "warmup_s", "warmup_tolerance", "warmup_stable_probes",
+                "warmup_max_s", "interference", "interference_workers", "client_cpus")
+
+
 def _p(*paths: PurePath) -> tuple[str, ...]:
     return tuple(path.as_posix() for path in paths)
 
@@ -131,13 +138,30 @@ STAGES: tuple[StageSpec, ...] = (
         outputs=_p(L.SCHEDULE_INDEX),
     ),
     StageSpec(
+        name="profile-vllm",
+        description="the server profile: capacity per regime, time scale, noise and engine costs of a real vLLM server",
+        entry=f"{_E}.profile_vllm:run",
+        regimes="none",
+        # what the measurement depends on, nothing more: a new budget or policy list reuses the profile
+        params=("seeds", "merge.window_s", "analysis.primary.regime", "train.source", "train.hub.model",
+                *(f"replay.vllm.{key}" for key in PROFILE_KEYS)),
+        inputs=_p(L.TRACES, L.TRAIN),
+        outputs=_p(L.SERVER_PROFILE),
+        queue="gpu",
+        system_metrics=True,
+        exclusive=True,
+        declared_wall="syncsafe.serving.vllm_plan:declared_profile_wall_s",
+        notes=("measured once per machine and model, reused until these inputs change; re-profile on purpose",
+               "with `syncsafe run --redo profile-vllm` (or `dvc repro --force profile-vllm`)"),
+    ),
+    StageSpec(
         name="replay-vllm",
         description="the configured subset of schedules against a real vLLM server",
         entry=f"{_E}.replay_vllm:run",
         regimes="none",
         params=("seeds", "regimes", "control", "merge", "replay.slo", "replay.high_pressure", "replay.vllm",
                 "analysis.primary", "analysis.gate_ratio_threshold"),
-        inputs=_p(L.TRACES, L.TRAIN, L.SCHEDULE_INDEX),
+        inputs=_p(L.TRACES, L.TRAIN, L.SCHEDULE_INDEX, L.SERVER_PROFILE),
         outputs=_p(L.VLLM_SET),
         queue="gpu",
         system_metrics=True,
@@ -150,7 +174,7 @@ STAGES: tuple[StageSpec, ...] = (
         entry=f"{_E}.calibrate_fit:run",
         regimes="none",
         params=("replay", "analysis.gate_ratio_threshold"),
-        inputs=_p(L.VLLM_SET, L.SCHEDULE_SETS, L.TRACES),
+        inputs=_p(L.VLLM_SET, L.SERVER_PROFILE, L.SCHEDULE_SETS, L.TRACES),
         outputs=_p(L.CALIBRATION),
         notes=("real vLLM replays of the fit seeds + the server profile only: no simulator replay, so no cycle",),
     ),

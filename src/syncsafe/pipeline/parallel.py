@@ -127,6 +127,20 @@ def stale(items: Sequence[Item], root: Path) -> set[str]:
     return downstream(items, changed & names)
 
 
+def to_run(items: Sequence[Item], root: Path, force: bool = False, redo: Sequence[str] = ()) -> set[str]:
+    """The items a run starts: all with `force`; else the stale ones (`stale`) and the stages named in `redo`
+    (a stage name, every item of it; or one item, `train@bursty`) with everything downstream of them."""
+    if force:
+        return {i.name for i in items}
+    known = {i.name for i in items} | {i.spec.name for i in items}
+    unknown = [name for name in redo if name not in known]
+    if unknown:
+        raise BadInput(f"--redo {', '.join(unknown)}: no such stage or item (stages: "
+                       f"{', '.join(dict.fromkeys(i.spec.name for i in items))})")
+    named = {i.name for i in items if i.name in redo or i.spec.name in redo}
+    return stale(items, root) | downstream(items, named)
+
+
 def startable(pending: Sequence[Item], running: Sequence[Item], done: set[str], jobs: int) -> list[Item]:
     """The pending items to start now, in order: upstream done, cores free, exclusive ones alone."""
     used = sum(i.cores for i in running)
@@ -207,13 +221,14 @@ def check_jobs(jobs: int | None) -> None:
 
 
 def run(params: Params, root: Path = Path("."), jobs: int | None = None, force: bool = False,
-        echo: Callable[[str], None] = print, poll_s: float = 0.5) -> Outcome:
-    """Run the stale items of the pipeline (all with `force`), `jobs` cores at a time (default: all)."""
+        echo: Callable[[str], None] = print, poll_s: float = 0.5, redo: Sequence[str] = ()) -> Outcome:
+    """Run the stale items of the pipeline and those `redo` names (all with `force`: `to_run`), `jobs` cores at
+    a time (default: all)."""
     check_jobs(jobs)
     jobs = jobs if jobs is not None else os.cpu_count() or 1
     root = Path(root)
     items = plan(params)
-    todo = {i.name for i in items} if force else stale(items, root)
+    todo = to_run(items, root, force, redo)
     outcome = Outcome(skipped=[i.name for i in items if i.name not in todo])
     pending = [i for i in items if i.name in todo]
     done = {i.name for i in items if i.name not in todo}

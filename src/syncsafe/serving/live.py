@@ -69,7 +69,7 @@ from syncsafe.serving.interference import MergeInterference
 from syncsafe.serving.live_islands import IslandGroup, LiveLearners, cpu_world
 from syncsafe.serving.loadgen import replay_requests
 from syncsafe.serving.replay import request_results, resolve_slo, write_replay
-from syncsafe.serving.vllm_replay import _model_facts, served_model
+from syncsafe.serving.real_arm import model_facts, served_model
 from syncsafe.serving.vllm_server import VllmServer, resolve_python
 
 LIVE_DIR = layout.LIVE
@@ -175,7 +175,7 @@ class LiveSession:
         self.params, self.params_path, self.root = params, Path(params_path), Path(root)
         cfg = params.replay.vllm
         self.model = served_model(params, root)
-        self.vocab, numel = _model_facts(self.model)
+        self.vocab, numel = model_facts(self.model)
         self.server = VllmServer(resolve_python(cfg.python), self.model, layout.at(root, layout.LIVE_SERVER_LOG),
                                  cfg.server_args, cfg.startup_timeout_s,
                                  cache_dir=layout.at(Path(root).resolve(), layout.VLLM_CACHE), scratch_root=root)

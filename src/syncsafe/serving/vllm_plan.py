@@ -117,18 +117,24 @@ def vllm_regimes(params: Params) -> list[str]:
     return [first, *(r for r in params.replay.vllm.regimes if r != first)]
 
 
-#: Declared wall seconds of the real arm besides its budget and warm-up: server start, engine profile, and
-#: per regime its capacity search (probes of capacity_probe_s) and noise probe.
+#: Declared wall seconds of a real-arm stage besides its probes and replays: server start (and, for the
+#: profile, the engine profile); probes per regime of the profile's capacity search and noise probe.
 DECLARED_START_S = 90.0
 DECLARED_PROBES_PER_REGIME = 14
 
 
-def declared_wall_s(params: Params) -> float:
-    """What the replay-vllm stage declares it takes: start and profile, the warm-up's limit, every regime's
-    probes, and the replays' budget (what `syncsafe run` shows as time left before it was ever timed)."""
+def declared_profile_wall_s(params: Params) -> float:
+    """What the profile-vllm stage declares it takes: start and engine profile, the warm-up's limit and every
+    regime's probes (what `syncsafe run` shows as time left before it was ever timed)."""
     cfg = params.replay.vllm
     probes = len(vllm_regimes(params)) * DECLARED_PROBES_PER_REGIME * (cfg.capacity_probe_s + 1.0)
-    return DECLARED_START_S + cfg.warmup_max_s + probes + cfg.budget_s
+    return DECLARED_START_S + cfg.warmup_max_s + probes
+
+
+def declared_wall_s(params: Params) -> float:
+    """What the replay-vllm stage declares it takes: start, the warm-up's limit and the replays' budget."""
+    cfg = params.replay.vllm
+    return DECLARED_START_S + cfg.warmup_max_s + cfg.budget_s
 
 
 def vllm_controllers(params: Params) -> list[str]:
@@ -222,6 +228,6 @@ def nearest_controls(position: int, control_positions: dict[int, int]) -> list[i
     return sorted(control_positions, key=lambda c: (abs(control_positions[c] - position), control_positions[c]))
 
 
-__all__ = ["DEFAULT_N_SEEDS", "declared_wall_s", "OrderedReplay", "RealPlan", "RegimePlan", "SpanCount", "block_order",
+__all__ = ["DEFAULT_N_SEEDS", "declared_profile_wall_s", "declared_wall_s", "OrderedReplay", "RealPlan", "RegimePlan", "SpanCount", "block_order",
            "check_span_budget", "nearest_controls", "replays_per_seed", "span_cadence", "span_draws",
            "vllm_controllers", "vllm_regimes", "vllm_seed_split", "vllm_seeds"]

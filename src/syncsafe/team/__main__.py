@@ -47,11 +47,12 @@ def up(
     layout = stack.Layout.at(dir)
     try:
         where = fleet_placement(fleet, hosts, subnet) if fleet else Placement.single()
-        state = stack.up(layout, scheduled=scheduled, preferred_ports=not free_ports, extra_env=extra, where=where)
+        stack.up(layout, scheduled=scheduled, preferred_ports=not free_ports, extra_env=extra, where=where)
     except TeamError as err:
         _fail(err)
     _print_status(layout)
-    typer.echo(f"Airflow user admin, password {state['secrets']['admin']}")
+    # never the password itself: CI logs and terminals keep what is printed
+    typer.echo(f"Airflow user admin, password in {stack.admin_password_file(layout)} (owner-only, mode 0600)")
 
 
 @app.command()

@@ -94,9 +94,11 @@ def cluster(base: Path) -> Cluster:
 
 
 def run(c: Cluster, cmd: list[str], check: bool = True, timeout: float = 180,
-        wrap: Callable[[list[str]], list[str]] | None = None) -> subprocess.CompletedProcess:
+        wrap: Callable[[list[str]], list[str]] | None = None, stdin: str | None = None,
+        secrets: Sequence[str] = ()) -> subprocess.CompletedProcess:
     """A cluster command as the cluster's user; ``wrap`` (as root) runs it on a fleet host: ``wrap`` gets the
-    command already switching to that user (``setpriv``), since entering a namespace needs root."""
+    command already switching to that user (``setpriv``), since entering a namespace needs root. ``stdin``
+    is its input; every one of ``secrets`` is blanked out of a failure's text."""
     as_user = {} if c.uid == os.getuid() else {"user": c.uid, "group": c.gid, "extra_groups": []}
     env = {"PATH": f"{bindir()}:/usr/bin:/bin:/usr/sbin:/sbin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
            "HOME": str(c.base)}
@@ -104,10 +106,13 @@ def run(c: Cluster, cmd: list[str], check: bool = True, timeout: float = 180,
         if as_user:
             cmd = ["setpriv", f"--reuid={c.uid}", f"--regid={c.gid}", "--clear-groups", "--", *cmd]
         cmd, as_user = wrap(cmd), {}
-    done = subprocess.run(cmd, cwd=c.base, env=env, capture_output=True, text=True, timeout=timeout, **as_user)
+    done = subprocess.run(cmd, cwd=c.base, env=env, capture_output=True, text=True, timeout=timeout, input=stdin,
+                          **as_user)
     if check and done.returncode != 0:
-        raise TeamError(f"{Path(cmd[0]).name} failed (exit {done.returncode}): "
-                        f"{(done.stderr or done.stdout).strip()[-2000:]}")
+        said = (done.stderr or done.stdout).strip()
+        for secret in secrets:
+            said = said.replace(secret, "***")
+        raise TeamError(f"{Path(cmd[0]).name} failed (exit {done.returncode}): {said[-2000:]}")
     return done
 
 
@@ -168,9 +173,11 @@ def stop(c: Cluster) -> None:
         run(c, [str(bindir() / "pg_ctl"), "-D", str(c.data), "-w", "-t", "60", "-m", "fast", "stop"], check=False)
 
 
-def psql(c: Cluster, port: int, sql: str, db: str = "postgres") -> str:
+def psql(c: Cluster, port: int, sql: str, db: str = "postgres", secrets: Sequence[str] = ()) -> str:
+    """One statement as the superuser over the cluster's socket. The statement goes on psql's stdin, never its
+    argv (which `ps` and /proc show every local user); `secrets` are blanked out of a failure's text."""
     done = run(c, [str(bindir() / "psql"), "-h", str(c.socket_dir), "-p", str(port), "-U", SUPERUSER, "-d", db,
-                   "-v", "ON_ERROR_STOP=1", "-tAc", sql])
+                   "-v", "ON_ERROR_STOP=1", "-tA", "-f", "-"], stdin=sql + "\n", secrets=secrets)
     return done.stdout.strip()
 
 
@@ -178,8 +185,8 @@ def ensure_database(c: Cluster, port: int, name: str, password: str) -> None:
     """Role ``name`` (login, ``password``) owning database ``name``."""
     quoted = password.replace("'", "''")
     if psql(c, port, f"SELECT 1 FROM pg_roles WHERE rolname = '{name}'") != "1":
-        psql(c, port, f"CREATE ROLE {name} LOGIN PASSWORD '{quoted}'")
+        psql(c, port, f"CREATE ROLE {name} LOGIN PASSWORD '{quoted}'", secrets=(password, quoted))
     else:
-        psql(c, port, f"ALTER ROLE {name} PASSWORD '{quoted}'")
+        psql(c, port, f"ALTER ROLE {name} PASSWORD '{quoted}'", secrets=(password, quoted))
     if psql(c, port, f"SELECT 1 FROM pg_database WHERE datname = '{name}'") != "1":
         psql(c, port, f"CREATE DATABASE {name} OWNER {name}")

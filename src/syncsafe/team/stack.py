@@ -79,6 +79,11 @@ def save(layout: Layout, state: Mapping[str, Any]) -> None:
     write_json(layout.state, dict(state), mode=0o600)  # role passwords and secrets: owner-only from creation on
 
 
+def admin_password_file(layout: Layout) -> Path:
+    """Airflow's password file (simple auth manager): the admin password, owner-only."""
+    return layout.airflow_home / "passwords.json"
+
+
 def _secrets(old: Mapping[str, str]) -> dict[str, str]:
     new = {
         "airflow_db": secrets.token_hex(16),
@@ -215,7 +220,7 @@ def _start_all(layout: Layout, state: dict[str, Any], redis: str, timeout_s: flo
 
     aenv = {**base_env, **env(layout, state)}
     layout.airflow_home.mkdir(parents=True, exist_ok=True)
-    write_json(layout.airflow_home / "passwords.json", {af.ADMIN: s["admin"]}, mode=0o600)
+    write_json(admin_password_file(layout), {af.ADMIN: s["admin"]}, mode=0o600)
     _airflow_cli(layout, aenv, ["db", "migrate"], timeout_s, where)
     _airflow_cli(layout, aenv, ["pools", "set", af.GPU_POOL, "1", "GPU nodes for syncsafe train and replay_vllm"],
                  timeout_s, where)

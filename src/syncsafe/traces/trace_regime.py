@@ -3,6 +3,12 @@
 From the whole trace (imported by `syncsafe.traces.importers`) to one seed's
 timeline and request list, in this order:
 
+0. **Output scale**: every request's output length times `output_scale`
+   (rounded, at least one token), the arrivals untouched. A declared key
+   of the regime, recorded per seed: on the CPU profile a trace whose answers
+   are longer than the tiny model can serve at the trace's own arrival rate
+   keeps its arrival pattern (what the policies react to) and shortens its
+   answers, instead of thinning its arrivals.
 1. **Clip** token counts to what the served model can take, `token_limit`:
    the `--max-model-len` in `replay.vllm.server_args`, or, where none is
    given, the exported model's `train.model.max_position_embeddings`. A
@@ -103,6 +109,14 @@ def clip_tokens(requests: pd.DataFrame, limit: int) -> tuple[pd.DataFrame, np.nd
     return out.astype({"prompt_tokens": "int64", "output_tokens": "int64"}), over
 
 
+def scale_output(requests: pd.DataFrame, output_scale: float) -> pd.DataFrame:
+    """Output lengths times `output_scale`, rounded, at least one token (1: the table as given)."""
+    if output_scale == 1.0:
+        return requests
+    output = requests["output_tokens"].to_numpy(dtype=float) * output_scale
+    return requests.assign(output_tokens=np.maximum(1, np.rint(output)).astype(np.int64))
+
+
 def scale_rate(requests: pd.DataFrame, rate_scale: float, regime: str) -> pd.DataFrame:
     """Thin (< 1) or replicate (> 1) requests, seeded by the regime alone."""
     if rate_scale == 1.0:
@@ -194,13 +208,13 @@ def derive_timeline(
 
 
 def load_trace(params: Params, name: str) -> tuple[pd.DataFrame, int, float]:
-    """The regime's whole trace, clipped then rate-scaled, with a `clipped` flag column;
+    """The regime's whole trace, output-scaled, clipped then rate-scaled, with a `clipped` flag column;
     the token limit and the trace's length (last arrival, before scaling)."""
     cfg = params.regimes[name]
     if not isinstance(cfg, TraceRegime):
         raise TypeError(f"regime {name!r} is not a trace regime")
     limit = token_limit(params)
-    requests, clipped = clip_tokens(import_trace(cfg.format, cfg.path), limit)
+    requests, clipped = clip_tokens(scale_output(import_trace(cfg.format, cfg.path), cfg.output_scale), limit)
     length = float(requests["arrival_s"].iloc[-1])
     scaled = scale_rate(requests.assign(clipped=clipped), cfg.rate_scale * cfg.load_scale, name)
     if scaled.empty:
@@ -228,6 +242,7 @@ def build_trace_sets(params: Params, name: str) -> dict[int, TraceSet]:
             "segment_end_s": end,
             "trace_length_s": length,
             "rate_scale": cfg.rate_scale,
+            "output_scale": cfg.output_scale,
             "token_limit": limit,
             "n_requests": len(requests),
             "n_clipped": int(seg["clipped"].sum()),

@@ -199,6 +199,19 @@ def replay_simulator(root: Path, params: Any, regime: str | None) -> Collected:
     return Collected(units(_replay_rows(root, index), backend=layout.SIMULATOR))
 
 
+@register("profile-vllm")
+def profile_vllm(root: Path, params: Any, regime: str | None) -> Collected:
+    from syncsafe.artifacts.base import read_json
+
+    server = layout.at(root, layout.VLLM_SERVER_FILE)
+    metrics: dict[str, float] = {}
+    for name, load in read_json(server, "server profile").get("loads", {}).items():
+        for key in ("capacity_rps", "time_scale", "utilisation", "ttft_bound_ms"):
+            metrics[f"{name}.{key}"] = float(load[key])
+    files = [server, layout.at(root, layout.VLLM_PROFILE), layout.at(root, layout.PROFILE_SERVER_LOG)]
+    return Collected(metrics=metrics, artifacts=_present(files))
+
+
 @register("replay-vllm")
 def replay_vllm(root: Path, params: Any, regime: str | None) -> Collected:
     from syncsafe.artifacts.replay_sets import read_vllm_index

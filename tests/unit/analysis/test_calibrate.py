@@ -366,7 +366,7 @@ def write_vllm_layout(root: Path, records: list[ReplayRecord], drop_merges: bool
     base = root / "runs" / "replay-sets" / "vllm"
     io.write_csv(base / "index.csv", pd.DataFrame(rows[False]).astype({"draw": "Int64"}))
     io.write_csv(base / "repeats.csv", pd.DataFrame(rows[True]).astype({"draw": "Int64"}))
-    io.write_text(base / "profile.json", truth_profile().model_dump_json())
+    io.write_text(root / "runs" / "server-profile" / "profile.json", truth_profile().model_dump_json())
 
 
 def stage_params(enabled: bool = True) -> Params:

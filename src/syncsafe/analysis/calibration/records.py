@@ -51,7 +51,7 @@ VLLM_SET = layout.VLLM_SET
 VLLM_INDEX = layout.VLLM_INDEX
 #: The later no-sync controls of each seed (same columns as the index).
 VLLM_REPEATS = layout.VLLM_REPEATS
-#: Server profile written by the vLLM replay stage (`syncsafe.serving.engine_profile`).
+#: The engine profile the profile-vllm stage writes (`syncsafe.serving.engine_profile`).
 VLLM_PROFILE = layout.VLLM_PROFILE
 #: Summary key of a replay that loaded the server with the timeline's inference pressure (absent: it did not).
 PRESSURE_APPLIED_KEY = "inference_pressure_applied"

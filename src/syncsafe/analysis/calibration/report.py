@@ -55,7 +55,7 @@ def render_fit_report(calibration: Calibration, diagnostics: Mapping[str, object
         "# Calibration: the iteration-level simulator fitted to the real vLLM server",
         "",
         "Wall time throughout (trace time / `time_scale`); latencies in real ms. Fitted on the server profile "
-        "(`runs/replay-sets/vllm/profile.json`) and the fit seeds' replays: "
+        "(`runs/server-profile/profile.json`) and the fit seeds' replays: "
         + (", ".join(f"`{n}`" for n in fit_replays) or "none") + ".",
         "",
         head,

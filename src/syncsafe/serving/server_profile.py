@@ -1,0 +1,186 @@
+"""The server profile: what the real server can take, measured once per machine and model (stage `profile-vllm`).
+
+The real arm's plan must not depend on one run's noisy probes: two runs of
+the same commit on the same machine must plan alike. So the measurement is
+its own DVC stage, rerun only when what it measures changes (the served
+model, the traces, the server and load settings of `replay.vllm`, the
+merge window) or when a user re-profiles on purpose (`syncsafe run --redo
+profile-vllm`, or `dvc repro --force profile-vllm`). In one server run:
+
+1. warm-up until the decode pace is stable (`warmup`);
+2. the engine profile (`engine_profile`: iteration costs, the merge's
+   share of the server), written to `profile.json` for the calibration;
+3. per regime of `replay.vllm.regimes` (the declared primary's first): the
+   capacity for its token mix as the lower bound of repeated probes, the
+   time scale from it rounded down onto a coarse grid, and the noise probe
+   (`capacity`).
+
+`server.json` (`MeasuredServer`) holds the loads, the warm-up and what was
+served; `replay-vllm` plans from it as a pure function
+(`real_plan.plan_real_arm`) and checks every control's load against its
+regime's light-load TTFT bound instead of re-planning.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from pathlib import Path
+
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field
+from tqdm import tqdm
+
+from syncsafe import io
+from syncsafe.artifacts import layout
+from syncsafe.artifacts.base import read_model
+from syncsafe.artifacts.calibration import model_json
+from syncsafe.artifacts.traces import read_requests
+from syncsafe.config import Params
+from syncsafe.errors import BadInput
+from syncsafe.serving.capacity import (
+    RegimeLoad,
+    confirm_capacity,
+    load_scale,
+    load_shape,
+    noise_probe,
+    search_capacity,
+    token_mix,
+)
+from syncsafe.serving.engine_profile import ServerProfile
+from syncsafe.serving.real_arm import RealArm, open_arm, served_model
+from syncsafe.serving.vllm_plan import vllm_regimes
+from syncsafe.serving.warmup import WarmupRecord
+
+#: A guess of the capacity (requests/s) when there is no engine profile to guess from.
+DEFAULT_FIRST_GUESS_RPS = 4.0
+HINT = "run the profile-vllm stage (`syncsafe run`, or `syncsafe replay profile` alone)"
+
+
+class MeasuredServer(BaseModel):
+    """server.json of the server profile (see the module docstring)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: What the server served (the trained export, a local build or a hub id; root-relative when in the project).
+    model: str
+    loads: dict[str, RegimeLoad]
+    warmup: WarmupRecord | None = None
+    placement: dict[str, object] = Field(default_factory=dict)
+    #: The machine it was measured on (for the reader: a profile belongs to one machine kind).
+    machine: dict[str, object] = Field(default_factory=dict)
+    engine_profiled: bool = False
+    #: Wall seconds of each phase (server start and warm-up, engine profile, each regime's load).
+    phases_s: dict[str, float] = Field(default_factory=dict)
+    notes: list[str] = Field(default_factory=list)
+
+
+def model_name(model: Path | str, root: Path) -> str:
+    """What a profile records as the served model: root-relative when it lives in the project, else as given."""
+    path = Path(model)
+    try:
+        return path.resolve().relative_to(Path(root).resolve()).as_posix()
+    except ValueError:
+        return str(model)
+
+
+def machine() -> dict[str, object]:
+    """The machine kind: processor, logical CPUs this process may use, platform."""
+    return {"processor": platform.processor() or platform.machine(), "cpus": len(os.sched_getaffinity(0)),
+            "platform": platform.platform()}
+
+
+def first_guess_rps(profile: ServerProfile | None, mix: pd.DataFrame) -> float:
+    """Requests/s a full batch decoding the mix's mean output would sustain, by the profile's inter-token latency."""
+    if profile is None or not profile.decode(merge=False):
+        return DEFAULT_FIRST_GUESS_RPS
+    widest = max(profile.decode(merge=False), key=lambda r: r.concurrency)
+    per_request_s = float(widest.itl_ms or 0.0) / 1000.0 * float(mix["output_tokens"].mean())
+    return widest.concurrency / per_request_s if per_request_s > 0 else DEFAULT_FIRST_GUESS_RPS
+
+
+def measure_load(params: Params, root: Path, regime: str, profile: ServerProfile | None, arm: RealArm) -> RegimeLoad:
+    """The regime's capacity, time scale and noise probe on the real server (`syncsafe.serving.capacity`)."""
+    cfg = params.replay.vllm
+    tables = [read_requests(root, regime, seed) for seed in params.seeds]
+    mix = token_mix(tables)
+    seed = params.seeds[0]
+    sender = lambda t, epoch: arm.send(t, epoch, 1.0, seed)  # noqa: E731
+    knee, bound, probes = search_capacity(sender, mix, first_guess_rps(profile, mix), cfg.capacity_probe_s,
+                                          cfg.capacity_ttft_factor, seed)
+    capacity, confirmations = confirm_capacity(sender, mix, knee, probes[0].rate_rps, cfg.capacity_probe_s, bound,
+                                               seed)
+    shape = load_shape([t["arrival_s"].to_numpy(dtype=float) for t in tables], params.merge.window_s,
+                       params.regimes[regime].duration_s)
+    scale, peak_u, median_u = load_scale(regime, capacity, shape, cfg.target_utilisation, cfg.time_scale)
+    noise = noise_probe(sender, shape.peak_rate * scale, cfg.capacity_probe_s, mix, seed)
+    return RegimeLoad(
+        regime=regime, capacity_rps=capacity, ttft_bound_ms=bound, probes=[*probes, *confirmations],
+        peak_rate=shape.peak_rate, median_rate=shape.median_rate, window_s=params.merge.window_s, time_scale=scale,
+        time_scale_fixed=cfg.time_scale is not None, target_utilisation=cfg.target_utilisation,
+        utilisation=peak_u, median_utilisation=median_u, noise_log_ratios=noise,
+    )  # fmt: skip
+
+
+def profile_vllm(params: Params, root: Path = Path(".")) -> MeasuredServer:
+    """Measure the server (see the module docstring); write runs/server-profile/."""
+    root = Path(root)
+    out = layout.at(root, layout.SERVER_PROFILE)
+    if not params.replay.vllm.enabled:  # nothing to measure: the replay stage writes an empty set as well
+        measured = MeasuredServer(model="", loads={}, notes=["replay.vllm.enabled is false"])
+        io.write_text(out / layout.SERVER_FILE, model_json(measured))
+        return measured
+    phases: dict[str, float] = {}
+    began = time.monotonic()
+
+    def lap(phase: str) -> None:
+        nonlocal began
+        phases[phase] = round(time.monotonic() - began, 1)
+        tqdm.write(f"profile vllm: {phase} took {phases[phase]:.0f} s")
+        began = time.monotonic()
+
+    with open_arm(params, root, layout.PROFILE_SERVER_LOG) as arm:
+        warmup = arm.warm_up()
+        lap("server start and warm-up")
+        engine = arm.profile(out)
+        lap("engine profile")
+        loads = {}
+        for regime in vllm_regimes(params):
+            tqdm.write(f"profile vllm: measuring the server's capacity for {regime}")
+            loads[regime] = measure_load(params, root, regime, engine, arm)
+            load = loads[regime]
+            tqdm.write(f"profile vllm: {regime}: capacity {load.capacity_rps:.3g} req/s (lower bound of "
+                       f"{len(load.probes)} probes), time scale {load.time_scale:g}, busiest window at "
+                       f"{load.utilisation:.0%}")
+            lap(f"load of {regime}")
+        measured = MeasuredServer(model=model_name(arm.model, root), loads=loads, warmup=warmup,
+                                  placement=arm.placement.record(), machine=machine(),
+                                  engine_profiled=engine is not None, phases_s=phases)
+    io.write_text(out / layout.SERVER_FILE, model_json(measured))
+    return measured
+
+
+def read_measured_server(params: Params, root: Path) -> MeasuredServer:
+    """runs/server-profile/server.json, checked against what this run will serve and replay (BadInput when the
+    profile is missing or was measured for another model, other regimes or another load target)."""
+    measured = read_model(layout.at(root, layout.VLLM_SERVER_FILE), MeasuredServer, "server profile", hint=HINT)
+    where = layout.VLLM_SERVER_FILE.as_posix()
+    model = model_name(served_model(params, root), root)
+    if measured.model != model:
+        raise BadInput(f"{where}: measured for model {measured.model}, this run serves {model}; {HINT}")
+    cfg = params.replay.vllm
+    for regime in vllm_regimes(params):
+        load = measured.loads.get(regime)
+        if load is None:
+            raise BadInput(f"{where}: no load measured for regime {regime} (replay.vllm.regimes); {HINT}")
+        fixed = cfg.time_scale is not None
+        if abs(load.target_utilisation - cfg.target_utilisation) > 1e-9 or load.window_s != params.merge.window_s \
+                or load.time_scale_fixed != fixed or (fixed and load.time_scale != cfg.time_scale):
+            raise BadInput(f"{where}: {regime}'s load was measured for replay.vllm.target_utilisation "
+                           f"{load.target_utilisation:g}, merge.window_s {load.window_s:g} and time_scale "
+                           f"{load.time_scale if load.time_scale_fixed else 'null'}; params now differ; {HINT}")
+    return measured
+
+
+__all__ = ["MeasuredServer", "first_guess_rps", "measure_load", "profile_vllm", "read_measured_server"]
