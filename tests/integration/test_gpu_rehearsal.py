@@ -136,9 +136,10 @@ def _gpu_params(tmp_path: Path) -> Path:
                 "dataset_config": None, "text_field": "text"},
     })  # fmt: skip
     raw["replay"]["simulator"] = {**raw["replay"].get("simulator", {}), "calibration": None}
-    # a 40 s span: 3 no-sync controls, the primary, its draw and its span cadence (about 170 s of replays at a
-    # time scale of 1.5; the budget pays for them down to 0.85)
-    vllm = {"python": str(VLLM_PYTHON), "regimes": ["bursty"], "seeds": [0], "draws": 1, "span_s": 40, "budget_s": 300,
+    # a 40 s span: 3 no-sync controls, the primary, its draw and its span cadence (the gpu profile's four-fold
+    # arrival rates run at a time scale of 0.8 on the CPU server: about 308 s of replays; the budget pays for
+    # them down to 0.55)
+    vllm = {"python": str(VLLM_PYTHON), "regimes": ["bursty"], "seeds": [0], "draws": 1, "span_s": 40, "budget_s": 450,
             "warmup_s": 0, "startup_timeout_s": 900, "server_args": VllmReplay().server_args, "engine_profile": False,
             "capacity_probe_s": 2}
     raw["replay"]["vllm"].update({k: v for k, v in vllm.items() if k in VllmReplay.model_fields})

@@ -225,9 +225,10 @@ class VllmReplay(Strict):
     #: (`train.source`).
     model: str | None = None
     regimes: list[str] = Field(default_factory=lambda: ["bursty", "azure_conv"], min_length=1)
-    #: Seeds to replay; null = the first four of `seeds` (two to fit, two held out).
+    #: Seeds to replay; null = the first three of `seeds` (two to fit, one held out: `vllm_plan.DEFAULT_N_SEEDS`).
     seeds: list[int] | None = None
-    #: Seeds the calibrate-fit stage fits the simulator on; null = the first half of the replayed seeds.
+    #: Seeds the calibrate-fit stage fits the simulator on; null = half the replayed seeds, two at least once one
+    #: is left to hold out (`vllm_plan.default_fit_count`).
     fit_seeds: list[int] | None = None
     #: Seeds the fidelity stage judges the simulator on (never fitted on); null = the other replayed seeds.
     held_out_seeds: list[int] | None = None

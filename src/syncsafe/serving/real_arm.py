@@ -339,6 +339,21 @@ class RealArm:
         })  # fmt: skip
 
 
+class PhaseClock:
+    """How long each phase of a real-arm stage took: printed (the stage log keeps it) and kept in `phases_s`."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.phases_s: dict[str, float] = {}
+        self.last = time.monotonic()
+
+    def lap(self, phase: str) -> None:
+        now = time.monotonic()
+        self.phases_s[phase] = round(now - self.last, 1)
+        tqdm.write(f"{self.prefix}: {phase} took {self.phases_s[phase]:.0f} s")
+        self.last = now
+
+
 @contextmanager
 def open_arm(params: Params, root: Path, log: Path) -> Iterator[RealArm]:
     """The server (its log at `log`, root-relative), its merge work and the pinned client, for one stage run;
@@ -355,5 +370,5 @@ def open_arm(params: Params, root: Path, log: Path) -> Iterator[RealArm]:
         yield RealArm(params, root, server, work, placement, model, vocab)
 
 
-__all__ = ["GAUGES", "Measured", "MetricsScraper", "PlannedReplay", "RealArm", "ServerError", "build_untrained_model",
+__all__ = ["GAUGES", "Measured", "MetricsScraper", "PhaseClock", "PlannedReplay", "RealArm", "ServerError", "build_untrained_model",
            "model_facts", "open_arm", "parse_gauges", "served_model", "server_log_path"]

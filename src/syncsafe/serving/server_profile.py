@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import os
 import platform
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -49,7 +48,7 @@ from syncsafe.serving.capacity import (
     token_mix,
 )
 from syncsafe.serving.engine_profile import ServerProfile
-from syncsafe.serving.real_arm import RealArm, open_arm, served_model
+from syncsafe.serving.real_arm import PhaseClock, RealArm, open_arm, served_model
 from syncsafe.serving.vllm_plan import vllm_regimes
 from syncsafe.serving.warmup import WarmupRecord
 
@@ -131,20 +130,12 @@ def profile_vllm(params: Params, root: Path = Path(".")) -> MeasuredServer:
         measured = MeasuredServer(model="", loads={}, notes=["replay.vllm.enabled is false"])
         io.write_text(out / layout.SERVER_FILE, model_json(measured))
         return measured
-    phases: dict[str, float] = {}
-    began = time.monotonic()
-
-    def lap(phase: str) -> None:
-        nonlocal began
-        phases[phase] = round(time.monotonic() - began, 1)
-        tqdm.write(f"profile vllm: {phase} took {phases[phase]:.0f} s")
-        began = time.monotonic()
-
+    clock = PhaseClock("profile vllm")
     with open_arm(params, root, layout.PROFILE_SERVER_LOG) as arm:
         warmup = arm.warm_up()
-        lap("server start and warm-up")
+        clock.lap("server start and warm-up")
         engine = arm.profile(out)
-        lap("engine profile")
+        clock.lap("engine profile")
         loads = {}
         for regime in vllm_regimes(params):
             tqdm.write(f"profile vllm: measuring the server's capacity for {regime}")
@@ -153,10 +144,10 @@ def profile_vllm(params: Params, root: Path = Path(".")) -> MeasuredServer:
             tqdm.write(f"profile vllm: {regime}: capacity {load.capacity_rps:.3g} req/s (lower bound of "
                        f"{len(load.probes)} probes), time scale {load.time_scale:g}, busiest window at "
                        f"{load.utilisation:.0%}")
-            lap(f"load of {regime}")
+            clock.lap(f"load of {regime}")
         measured = MeasuredServer(model=model_name(arm.model, root), loads=loads, warmup=warmup,
                                   placement=arm.placement.record(), machine=machine(),
-                                  engine_profiled=engine is not None, phases_s=phases)
+                                  engine_profiled=engine is not None, phases_s=clock.phases_s)
     io.write_text(out / layout.SERVER_FILE, model_json(measured))
     return measured
 

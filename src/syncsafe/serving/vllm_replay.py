@@ -24,7 +24,6 @@ Latencies are real milliseconds; arrivals and windows stay in trace seconds.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -38,7 +37,7 @@ from syncsafe.artifacts.traces import read_requests, read_timeline
 from syncsafe.config import Params
 from syncsafe.serving.engine_profile import ServerProfile
 from syncsafe.serving.placement import CpuPlacement
-from syncsafe.serving.real_arm import Measured, PlannedReplay, RealArm, open_arm
+from syncsafe.serving.real_arm import Measured, PhaseClock, PlannedReplay, RealArm, open_arm
 from syncsafe.serving.real_evidence import control_spread, pooled_slo, replay_intervals
 from syncsafe.serving.real_plan import describe_plan, plan_real_arm
 from syncsafe.serving.replay import index_row, write_replay, write_set_index
@@ -63,7 +62,7 @@ def replay_vllm(params: Params, root: Path = Path(".")) -> pd.DataFrame:
         tqdm.write(f"replay vllm: {line}")
     rows: list[dict] = []
     repeats: list[dict] = []
-    clock = _PhaseClock()
+    clock = PhaseClock("replay vllm")
     with open_arm(params, root, layout.VLLM_SERVER_LOG) as arm:
         warmup = arm.warm_up()
         if warmup is not None:
@@ -141,18 +140,6 @@ def write_regime(params: Params, root: Path, measured: list[Measured]) -> list[d
         row["schedule"] = m.item.row["path"]
         rows.append(row)
     return rows
-
-
-class _PhaseClock:
-    """Prints how long each phase of the stage took (the stage log keeps it)."""
-
-    def __init__(self) -> None:
-        self.last = time.monotonic()
-
-    def lap(self, phase: str) -> None:
-        now = time.monotonic()
-        tqdm.write(f"replay vllm: {phase} took {now - self.last:.0f} s")
-        self.last = now
 
 
 __all__ = ["replay_regime", "replay_vllm", "write_regime"]

@@ -13,6 +13,7 @@ from syncsafe.schedules.span import span_count
 from syncsafe.serving.vllm_plan import (
     check_span_budget,
     block_order,
+    default_fit_count,
     nearest_controls,
     span_cadence,
     span_draws,
@@ -100,7 +101,14 @@ def test_seed_split(raw_params):
     raw_params["seeds"] = [0, 1, 2, 3, 4]
     raw_params["replay"]["vllm"].update({"seeds": None, "fit_seeds": None, "held_out_seeds": None})
     params = parse_params(raw_params)
-    assert vllm_seed_split(params) == ([0, 1], [2, 3])  # half fitted on, half held out
+    assert vllm_seed_split(params) == ([0, 1], [2])  # the first three: two fitted on, one held out
+    five = parse_params({**raw_params, "replay": {**raw_params["replay"],
+                                                   "vllm": {**raw_params["replay"]["vllm"], "seeds": [0, 1, 2, 3]}}})
+    assert vllm_seed_split(five) == ([0, 1], [2, 3])  # half fitted on, half held out
+    three = parse_params({**raw_params, "replay": {**raw_params["replay"],
+                                                    "vllm": {**raw_params["replay"]["vllm"], "seeds": [2, 3, 4]}}})
+    assert vllm_seed_split(three) == ([2, 3], [4])  # two fit seeds as soon as one is left to hold out
+    assert [default_fit_count(n) for n in (1, 2, 3, 4, 6, 10)] == [1, 1, 2, 2, 3, 5]
     assert vllm_controllers(params)[0] == params.analysis.primary.policy
 
 
