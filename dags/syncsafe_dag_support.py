@@ -71,6 +71,9 @@ DAGS_DIR = Path(__file__).resolve().parent
 TAGS_BASE = ["syncsafe"]
 #: The stage CLI's module, run with the pipeline's python.
 CLI = "syncsafe.cli"
+#: The launcher every stage process starts through (`syncsafe.stage_env`): it execs the stage with an
+#: allow-listed environment, so no Airflow, database or broker secret of the worker reaches it.
+STAGE_ENV = "syncsafe.stage_env"
 #: The pipeline's stages in topological order (name, task, queue, regimes, after: the stages it reads
 #: from), written by `syncsafe dvc-yaml` from syncsafe.pipeline.declarations beside dvc.yaml.
 STAGES_FILE = DAGS_DIR / "syncsafe_stages.json"
@@ -151,13 +154,19 @@ def shell_env(run: dict[str, str]) -> str:
     ])
 
 
+def stage_argv(python: str, *args: str) -> list[str]:
+    """`python *args` started through the allow-listing launcher (`STAGE_ENV`): what every DAG task runs."""
+    return [python, "-m", STAGE_ENV, "--", python, *args]
+
+
 def stage_command(run: dict[str, str], *args: str, params: str | None = "params.yaml") -> str:
-    """A stage CLI call in the run's working directory, in the pipeline environment."""
-    cli = [run["python"], "-m", CLI, *args]
+    """A stage CLI call in the run's working directory, in the pipeline environment (allow-listed)."""
+    cli = ["-m", CLI, *args]
     if params:
         cli += ["--params", params]
     cli += ["--root", "."]
-    return "\n".join([shell_env(run), f"cd {shlex.quote(run['workdir'])}", "exec " + shlex.join(cli)])
+    return "\n".join([shell_env(run), f"cd {shlex.quote(run['workdir'])}",
+                      "exec " + shlex.join(stage_argv(run["python"], *cli))])
 
 
 # --------------------------------------------------------------------------- params of a run

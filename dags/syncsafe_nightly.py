@@ -150,7 +150,8 @@ def syncsafe_nightly():
         env = {**os.environ, "SYNCSAFE_TRACKING": "off"}
 
         def pipeline(*args: str) -> str:
-            done = subprocess.run([python, "-m", sup.CLI, *args], capture_output=True, text=True, cwd=workdir, env=env)
+            done = subprocess.run(sup.stage_argv(python, "-m", sup.CLI, *args), capture_output=True, text=True,
+                                  cwd=workdir, env=env)
             if done.returncode != 0:
                 raise ValueError(f"syncsafe {args[0]}: {done.stderr.strip() or done.stdout.strip()}")
             return done.stdout
@@ -203,7 +204,7 @@ def syncsafe_nightly():
                 "print('tokenizer', prepare_tokenizer(p, Path('.'))[1].vocab_size) if p.train.source == 'builtin' "
                 "else print('train.source hub: hub tokenizer')")
         return "\n".join([sup.shell_env(run), f"cd {shlex.quote(run['workdir'])}",
-                          "exec " + shlex.join([run["python"], "-c", code])])
+                          "exec " + shlex.join(sup.stage_argv(run["python"], "-c", code))])
 
     @task.bash(map_index_template="{{ syncsafe_item }}", **_stage("train"))
     def train(run: dict, item: dict) -> str:

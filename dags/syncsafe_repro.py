@@ -74,10 +74,11 @@ def syncsafe_repro():
         if chosen["profile"] == current:
             dvc = ["repro", *flags, *chosen["targets"]]
         else:  # the profile's whole overlay (syncsafe.profiles), then a DVC experiment on it
-            compose = [shlex.join([run["python"], "-m", sup.CLI, "profile", chosen["profile"], "--out", "params.yaml"])]
+            compose = [shlex.join(sup.stage_argv(run["python"], "-m", sup.CLI, "profile", chosen["profile"], "--out",
+                                                 "params.yaml"))]
             dvc = ["exp", "run", *flags, *chosen["targets"]]
         return "\n".join([sup.shell_env(run), f"cd {shlex.quote(str(repo))}", *compose,
-                          "exec " + shlex.join([run["python"], "-m", "dvc", *dvc])])
+                          "exec " + shlex.join(sup.stage_argv(run["python"], "-m", "dvc", *dvc))])
 
     @task
     def metrics_diff() -> str:
@@ -89,7 +90,7 @@ def syncsafe_repro():
         python = sup.pipeline_python()
 
         def dvc(*args: str) -> str:
-            done = subprocess.run([python, "-m", "dvc", *args], cwd=repo, capture_output=True, text=True)
+            done = subprocess.run(sup.stage_argv(python, "-m", "dvc", *args), cwd=repo, capture_output=True, text=True)
             if done.returncode != 0:
                 raise RuntimeError(f"dvc {' '.join(args)} failed: {done.stderr.strip()}")
             return done.stdout.strip()

@@ -63,8 +63,8 @@ def _points(trains: bool) -> list[str]:
     from airflow.sdk import get_current_context
 
     ctx = get_current_context()
-    args = [sup.pipeline_python(), "-m", sup.CLI, "study", "points", ctx["params"]["study"],
-            *(["--full"] if ctx["params"]["full"] else []), "--root", "."]
+    args = sup.stage_argv(sup.pipeline_python(), "-m", sup.CLI, "study", "points", ctx["params"]["study"],
+                          *(["--full"] if ctx["params"]["full"] else []), "--root", ".")
     done = subprocess.run(args, cwd=sup.repo_dir(), capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"study points failed: {done.stderr.strip()}")

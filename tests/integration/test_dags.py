@@ -14,6 +14,7 @@ import copy
 import json
 import os
 import re
+import shlex
 import sqlite3
 import subprocess
 import sys
@@ -231,7 +232,8 @@ def test_pipeline_run_id_and_stage_commands_are_shell_safe() -> None:
            "mlflow_default": "sqlite:////tmp/a dir/mlflow.db"}
     cmd = sup.stage_command(run, "train", "--regime", "bursty", "--policy", "fixed_h", "--seed", "0")
     assert "cd '/tmp/a dir/run'" in cmd
-    assert cmd.splitlines()[-1].startswith("exec /x/.venv/bin/python -m syncsafe.cli train --regime bursty")
+    assert cmd.splitlines()[-1].startswith("exec /x/.venv/bin/python -m syncsafe.stage_env -- "
+                                           "/x/.venv/bin/python -m syncsafe.cli train --regime bursty")
     assert "SYNCSAFE_PIPELINE_RUN_ID=airflow-syncsafe_nightly-manual__2026-01-01T00:00:00+00:00" in cmd
     assert sup.stage_command(run, "replay", "index", params=None).endswith("replay index --root .")
     assert re.fullmatch(r"[A-Za-z0-9._-]+", sup.safe_name("manual__2026-01-01T00:00:00+00:00"))
@@ -252,6 +254,39 @@ def test_no_value_in_the_stage_environment_is_expanded_or_executed(tmp_path: Pat
     env["MLFLOW_TRACKING_URI"] = "http://127.0.0.1:5000"  # a URI from the environment wins over the default
     done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, check=True)
     assert done.stdout.split("\n")[1] == "http://127.0.0.1:5000"
+
+
+WORKER_SECRETS = {"AIRFLOW__CORE__FERNET_KEY": "fernet-canary", "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN":
+                  "postgresql://airflow:db-canary@127.0.0.1/airflow", "AIRFLOW__CELERY__BROKER_URL":
+                  "redis://:redis-canary@127.0.0.1:6379/0", "AIRFLOW__API_AUTH__JWT_SECRET": "jwt-canary",
+                  "AIRFLOW__API__SECRET_KEY": "api-canary", "SYNCSAFE_ADMIN_PASSWORD": "admin-canary"}
+
+
+def test_a_running_stage_holds_none_of_the_workers_secrets(tmp_path: Path) -> None:
+    """A task's command as the worker runs it (its bash, the worker's environment): the stage process it starts
+    is read through /proc/<pid>/environ while it runs."""
+    ready = tmp_path / "ready"
+    run = {"workdir": str(tmp_path), "python": sys.executable, "pipeline_run_id": "airflow-x-run",
+           "mlflow_default": f"sqlite:///{tmp_path}/mlflow.db"}
+    stage = f"import pathlib, time; pathlib.Path({str(ready)!r}).touch(); time.sleep(60)"
+    script = "\n".join([sup.shell_env(run), "exec " + shlex.join(sup.stage_argv(sys.executable, "-c", stage))])
+    env = {**os.environ, **WORKER_SECRETS, "MLFLOW_TRACKING_PASSWORD": "its-own", "SYNCSAFE_RETRIES": "0"}
+    proc = subprocess.Popen(["bash", "-c", script], env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "the stage did not start"
+            time.sleep(0.05)
+        raw = Path(f"/proc/{proc.pid}/environ").read_bytes()  # bash and the launcher exec'd: this is the stage
+        seen = dict(item.split("=", 1) for item in raw.decode().split("\0") if "=" in item)
+    finally:
+        proc.kill()
+        proc.wait(10)
+    assert not any(value in raw.decode() for value in WORKER_SECRETS.values())
+    assert not [name for name in seen if name.startswith("AIRFLOW")]
+    assert seen["SYNCSAFE_PIPELINE_RUN_ID"] == "airflow-x-run" and seen["SYNCSAFE_RETRIES"] == "0"
+    assert seen["MLFLOW_TRACKING_URI"] == run["mlflow_default"] and seen["MLFLOW_TRACKING_PASSWORD"] == "its-own"
+    assert seen["PATH"].startswith(str(Path(sys.executable).parent))
 
 
 # --------------------------------------------------------------------------- DAG runs

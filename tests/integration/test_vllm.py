@@ -285,7 +285,7 @@ def _group_members(pgid: int) -> list[int]:
 
 
 def test_a_server_that_dies_mid_run_fails_loudly_and_writes_no_summary(tmp_path, tiny_raw, vllm_project):
-    params = load_params(make_project(tmp_path, tiny_raw(), warmup_s=0))
+    params = load_params(make_project(tmp_path, tiny_raw(), warmup_s=0, span_s=15))  # killed after one replay
     borrow_profile(vllm_project, tmp_path)
     out = tmp_path / "runs" / "replay-sets" / "vllm" / "bursty" / "seed-0"
 
