@@ -104,8 +104,18 @@ def team_up(prefix: str, *up_args: str) -> Iterator[stack.Layout]:
 def successful_nightly(layout: stack.Layout, label: str) -> Nightly:
     """One tiny nightly run of the setup at `layout`, triggered and awaited through the REST API; it must succeed."""
     run = run_tiny_nightly(stack.client(layout), label)
-    assert run.state == "success", f"{run.run_id}: {run.state}; {run.summary()}; logs in {layout.airflow_home / 'logs'}"
+    assert run.state == "success", f"{run.run_id}: {run.state}; {run.summary()}\n{_failed_logs(layout, run)}"
     return run
+
+
+def _failed_logs(layout: stack.Layout, run: Nightly, chars: int = 2500) -> str:
+    """The end of each failed task's log (the state folder is removed when the test ends)."""
+    out = []
+    for t in run.tis:
+        if t["state"] == "failed":
+            for log in sorted((layout.airflow_home / "logs").rglob(f"task_id={t['task_id']}/**/*.log")):
+                out.append(f"--- {log.relative_to(layout.airflow_home)}\n{log.read_text(errors='replace')[-chars:]}")
+    return "\n".join(out) or f"(no failed task's log under {layout.airflow_home / 'logs'})"
 
 
 def run_tiny_nightly(client, label: str, timeout_s: float = 1500) -> Nightly:

@@ -152,6 +152,28 @@ def commands(layout: Layout, state: Mapping[str, Any], redis: str = "redis-serve
     return {name: where.argv(name, out[name]) for name in ORDER}
 
 
+#: What marks a state folder `team up` made (or adopted empty): the only kind it writes into or changes.
+MARKER = ".syncsafe-team"
+
+
+def own_state_folder(root: Path, service_gid: int) -> None:
+    """Make `root` the setup's state folder, or refuse one that `team up` did not make.
+
+    A new folder is made 0700 (0750 with group `service_gid` when that is not this process's group: PostgreSQL's
+    own user must reach its cluster inside it); so is an empty one, taken over. A folder holding anything
+    but no marker (`/tmp`, a home, a checkout) is refused, never re-moded."""
+    if root.exists() and not (root / MARKER).is_file() and not (root / STATE).is_file():  # STATE: an older up's
+        if not root.is_dir() or any(root.iterdir()):
+            raise TeamError(f"{root} exists and was not made by `team up` (no {MARKER} in it): name a new or "
+                            "empty folder for --dir / SYNCSAFE_TEAM_DIR; team up makes it, mode 0700")
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not (root / MARKER).is_file():
+        if service_gid != os.getgid():
+            os.chown(root, -1, service_gid)
+        os.chmod(root, 0o750 if service_gid != os.getgid() else 0o700)
+        (root / MARKER).write_text("a syncsafe team setup's state folder (scripts/team.sh up)\n")
+
+
 def up(layout: Layout, *, scheduled: bool = False, preferred_ports: bool = True,
        extra_env: Mapping[str, str] | None = None, timeout_s: float = 600,
        where: Placement = Placement.single()) -> dict[str, Any]:
@@ -165,8 +187,7 @@ def up(layout: Layout, *, scheduled: bool = False, preferred_ports: bool = True,
             raise TeamError(f"{tool} not found: run `make team-env`")
     redis = _which("redis-server")
     check_fleet(where)
-    layout.root.mkdir(parents=True, exist_ok=True)
-    os.chmod(layout.root, 0o755)
+    own_state_folder(layout.root, postgres.cluster(layout.pg).gid)
     state: dict[str, Any] = {
         "root": str(layout.root), "repo": str(layout.repo), "scheduled": scheduled,
         "extra_env": dict(extra_env or {}), "secrets": _secrets(old.get("secrets", {})), "processes": {},
