@@ -103,7 +103,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 $(VENV)/.team: $(BIN)/syncsafe pyproject.toml
 	$(BIN)/pip install --quiet -e ".[dev,team]"
-	$(BIN)/python -c "import psycopg2"
+	$(BIN)/python -c "import psycopg2, flask_wtf"
 	touch $@
 
 team-env: setup airflow-env $(VENV)/.team

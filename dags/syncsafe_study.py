@@ -1,8 +1,8 @@
 """syncsafe_study: one study (``studies/<name>.yaml``), one mapped task per point, then its report.
 
 ```
-cpu_points ─► run_cpu_point[i] ─┐
-gpu_points ─► run_gpu_point[j] ─┴─► report
+cpu_points ─► run_cpu_point[i] ─► run_gpu_point[j] ─► report
+gpu_points ──────────────────────────────┘
 ```
 
 - ``cpu_points`` / ``gpu_points`` list the study's points in the pipeline
@@ -14,8 +14,9 @@ gpu_points ─► run_gpu_point[j] ─┴─► report
   experiment in a temporary copy of ``SYNCSAFE_REPO`` (``dvc exp run --temp``),
   whose stages DVC restores from its run cache when the point does not change
   them. ``SYNCSAFE_STUDY_CONCURRENCY`` (default 1) bounds how many points of a
-  DAG run go at once (``max_active_tis_per_dagrun``); the GPU ones also take a
-  slot of the GPU pool.
+  DAG run go at once: ``max_active_tis_per_dagrun`` bounds each mapped task,
+  and the GPU points start once the CPU points are done (never side by side);
+  the GPU ones also take a slot of the GPU pool.
 - ``report`` judges the points as one family (``syncsafe study report``):
   ``reports/studies/<study>/`` in the checkout and one MLflow run per point in
   the experiment ``study-<study>``.
@@ -103,7 +104,9 @@ def syncsafe_study():
         ctx = get_current_context()
         return _run(ctx, "point", ctx["params"]["study"], point)
 
-    @task.bash(max_active_tis_per_dagrun=CONCURRENCY, **gpu_task_kwargs())
+    # after every CPU point (none_failed: also when there were none): the bound above is per task, so the two
+    # mapped tasks never run side by side and no more than CONCURRENCY points use the checkout at once
+    @task.bash(max_active_tis_per_dagrun=CONCURRENCY, trigger_rule="none_failed", **gpu_task_kwargs())
     def run_gpu_point(point: str) -> str:
         from airflow.sdk import get_current_context
 
@@ -117,7 +120,8 @@ def syncsafe_study():
         ctx = get_current_context()
         return _run(ctx, "report", ctx["params"]["study"])
 
-    [run_cpu_point.expand(point=cpu_points()), run_gpu_point.expand(point=gpu_points())] >> report()
+    cpu, gpu = run_cpu_point.expand(point=cpu_points()), run_gpu_point.expand(point=gpu_points())
+    cpu >> gpu >> report()
 
 
 syncsafe_study()

@@ -450,7 +450,7 @@ def study_points(name: StudyArg, full: FullOpt = False, root: RootOpt = Path("."
 
     study = load_study(root, name, full=full)
     typer.echo(json.dumps([{"point": p.name, "slug": p.slug, "experiment": study.experiment(p),
-                            "trains": point_params(root, study, p).schedules.source == "train"}
+                            "trains": point_params(study, p).schedules.source == "train"}
                            for p in study.distinct()]))
 
 

@@ -9,7 +9,7 @@ them into one line on stderr and an exit code, never a traceback.
 - exit 3: a lost island (`syncsafe.diloco.launch.IslandLost`).
 - anything else that fails a run (a server that dies, a process that fails,
   an unexpected exception): exit 1, one line naming it.
-- Ctrl-C: exit 130.
+- Ctrl-C: exit 130; SIGTERM where a command stops cleanly on it (`procs.sigterm_raises`): exit 143.
 """
 
 from __future__ import annotations
@@ -18,6 +18,11 @@ EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_ISLAND_LOST = 3
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the main thread was (`procs.sigterm_raises`): the cleanup Ctrl-C runs, runs."""
 
 
 class BadInput(ValueError):

@@ -10,6 +10,7 @@ TCPStore listens on every interface).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import re
@@ -17,6 +18,7 @@ import shutil
 import signal
 import socket
 import tempfile
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ from typing import Any
 import psutil
 
 from syncsafe.artifacts import layout
+from syncsafe.errors import Terminated
 
 LOOPBACK = "127.0.0.1"
 #: Environment of a process group that must only listen on loopback.
@@ -188,3 +191,17 @@ def die_with_parent(parent: int, sig: int = signal.SIGTERM) -> None:
         _PRCTL(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
     if os.getppid() != parent:  # the parent died before prctl took effect
         os.kill(os.getpid(), sig)
+
+
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """Inside the block SIGTERM raises `errors.Terminated` in the main thread, so the cleanup that Ctrl-C
+    runs (stopping children, taking daemons down) runs for it too; the previous handler comes back after."""
+    def stop(signum: int, frame: object) -> None:
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -100,6 +100,7 @@ _INSPECT = textwrap.dedent(
             "tasks": {t.task_id: {"retries": t.retries, "backoff": t.retry_exponential_backoff, "pool": t.pool,
                                   "queue": t.queue, "executor": getattr(t, "executor", None),
                                   "executor_config": t.executor_config,
+                                  "trigger_rule": getattr(t.trigger_rule, "value", t.trigger_rule),
                                   "upstream": sorted(t.upstream_task_ids)}
                       for t in dag.tasks},
         }
@@ -161,10 +162,13 @@ def test_the_study_dag_maps_points_to_cpu_and_gpu_tasks_before_its_report(tmp_pa
     study = _inspect(tmp_path)["dags"]["syncsafe_study"]
     tasks = study["tasks"]
     assert set(tasks) == {"cpu_points", "gpu_points", "run_cpu_point", "run_gpu_point", "report"}
-    assert tasks["run_cpu_point"]["upstream"] == ["cpu_points"] and tasks["run_gpu_point"]["upstream"] == ["gpu_points"]
+    # the GPU points after the CPU points: a concurrency of 1 is one point at a time across both
+    assert tasks["run_cpu_point"]["upstream"] == ["cpu_points"]
+    assert set(tasks["run_gpu_point"]["upstream"]) == {"gpu_points", "run_cpu_point"}
+    assert tasks["run_gpu_point"]["trigger_rule"] == "none_failed"
     assert (tasks["run_gpu_point"]["queue"], tasks["run_gpu_point"]["pool"]) == ("gpu", "gpu")
     assert tasks["run_cpu_point"]["pool"] == "default_pool"
-    assert set(tasks["report"]["upstream"]) == {"run_cpu_point", "run_gpu_point"}
+    assert set(tasks["report"]["upstream"]) == {"run_gpu_point"}
     assert {"study", "full"} <= set(study["params"])
 
 

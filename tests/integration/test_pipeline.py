@@ -153,7 +153,7 @@ def test_dvc_repro_in_a_fresh_copy_then_nothing_to_do(tmp_path, repo_root, raw_p
     # budget pays for the primary's six replays down to a time scale of 0.8
     raw_params["replay"]["vllm"].update({"python": str(repo_root / ".venv-vllm" / "bin" / "python"),
                                          "regimes": ["bursty"], "policies": ["fixed_h"], "draws": 1, "budget_s": 250,
-                                         "capacity_probe_s": 2, "span_s": 30, "warmup_max_s": 15,
+                                         "capacity_probe_s": 2, "span_s": 30, "warmup_max_s": 30,
                                          "min_requests": 60, "min_merge_active": 5})
     (project / "params.yaml").write_text(yaml.safe_dump(raw_params))
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}

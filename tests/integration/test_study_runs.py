@@ -36,7 +36,7 @@ def test_each_point_is_a_dvc_experiment_and_the_second_reuses_the_cached_stages(
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     listed = subprocess.run([sys.executable, "-m", "dvc", "exp", "show", "--json"], cwd=project,
                             capture_output=True, text=True, check=True).stdout
-    assert "tiny-SLO-multiplier-1p5" in listed and "tiny-SLO-multiplier-2p0" in listed
+    assert "tiny.SLO-multiplier-1p5" in listed and "tiny.SLO-multiplier-2p0" in listed
     record = json.loads((project / "reports" / "studies" / "tiny" / "run.json").read_text())
     first, second = record["points"]
     assert first["ok"] and second["ok"] and record["wall_s"] > 0

@@ -37,8 +37,10 @@ print("logged", len(record.run_ids))
 """
 
 
-def run_writers(uri: str, n: int, items: int, workdir: Path, pipeline_run_id: str, timeout_s: float = 600) -> None:
-    """Start ``n`` writers on ``uri``, release them together, and assert that each one exited 0."""
+def run_writers(uri: str, n: int, items: int, workdir: Path, pipeline_run_id: str, timeout_s: float = 600,
+                login: dict[str, str] | None = None) -> None:
+    """Start ``n`` writers on ``uri`` (``login``: the server's MLFLOW_TRACKING_USERNAME/_PASSWORD), release them
+    together, and assert that each one exited 0."""
     workdir.mkdir(parents=True, exist_ok=True)
     go = workdir / "go"
     go.unlink(missing_ok=True)
@@ -48,6 +50,7 @@ def run_writers(uri: str, n: int, items: int, workdir: Path, pipeline_run_id: st
         "SYNCSAFE_TRACKING_STRICT": "1",
         "SYNCSAFE_PIPELINE_RUN_ID": pipeline_run_id,
         "PYTHONWARNINGS": "ignore::DeprecationWarning",
+        **(login or {}),
     })
     ready = [workdir / f"ready-{i}" for i in range(n)]
     for path in ready:

@@ -95,10 +95,19 @@ def team_up(prefix: str, *up_args: str) -> Iterator[stack.Layout]:
         admin = stack.load(layout)["secrets"]["admin"]
         assert admin not in done.stdout + done.stderr, "`team up` printed the admin password"
         assert str(layout.airflow_home / "passwords.json") in done.stdout, "it prints where the password is"
-        yield layout
+        with pytest.MonkeyPatch.context() as env:  # this process's MLflow clients log in as the stages do
+            for key, value in stage_login_env(layout).items():
+                env.setenv(key, value)
+            yield layout
     finally:
         stack.down(layout)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def stage_login_env(layout: stack.Layout) -> dict[str, str]:
+    """The MLflow server login the setup gives its stage processes (its basic-auth app refuses anyone else)."""
+    secrets = stack.load(layout)["secrets"]
+    return {"MLFLOW_TRACKING_USERNAME": stack.MLFLOW_STAGE_USER, "MLFLOW_TRACKING_PASSWORD": secrets["mlflow_stage"]}
 
 
 def successful_nightly(layout: stack.Layout, label: str) -> Nightly:

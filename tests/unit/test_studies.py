@@ -20,7 +20,8 @@ from syncsafe.config import ConfigError, policy_label
 from syncsafe.studies.family import PointResult, judge, seed_table
 from syncsafe.studies.figure import save_study_figure
 from syncsafe.studies.report import render
-from syncsafe.studies.spec import load_study, point_params, set_param_args, slug
+from syncsafe.studies.dvc_overrides import set_param_args
+from syncsafe.studies.spec import load_study, point_params, slug
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -42,7 +43,7 @@ def test_the_shipped_studies_validate_and_name_their_points(project: Path):
                                                  "wa_forecast-forecast", "wa_calibrated-cost", "wa_lookahead-lookahead"]
     first = ablation.points[0]
     assert first.overrides["control.policies"] == ["fixed_h", "wa_diloco", "wa_diloco-progress"]
-    assert point_params(project, ablation, first).analysis.primary.policy == "wa_diloco"
+    assert point_params(ablation, first).analysis.primary.policy == "wa_diloco"
     assert ablation.shared["schedules.source"] == "harness"
     assert "schedules.source" not in load_study(project, "ablation", full=True).shared
     sensitivity = load_study(project, "sensitivity")
@@ -50,19 +51,20 @@ def test_the_shipped_studies_validate_and_name_their_points(project: Path):
     load = [p for p in sensitivity.points if p.axis == "load scale"]
     regimes = yaml.safe_load((project / "params.yaml").read_text())["regimes"]
     assert set(load[0].overrides) == {f"regimes.{r}.load_scale" for r in regimes}  # the wildcard, every regime
-    assert point_params(project, sensitivity, load[0]).regimes["bursty"].load_scale == 0.5
+    assert point_params(sensitivity, load[0]).regimes["bursty"].load_scale == 0.5
     names = [sensitivity.experiment(p) for p in sensitivity.points]
-    assert "sensitivity-SLO-multiplier-1p25" in names
+    assert "sensitivity.SLO-multiplier-1p25" in names
     # the baseline value of each axis lands on the same params: one DVC experiment serves those five points
-    baseline = {p.name for p in sensitivity.points if sensitivity.experiment(p) == "sensitivity-merge-window-s-8"}
+    baseline = {p.name for p in sensitivity.points if sensitivity.experiment(p) == "sensitivity.merge-window-s-8"}
     assert baseline == {"merge window (s)=8", "max_h (inner steps)=16", "SLO multiplier=1.5", "load scale=1.0",
                         "matched-random draws=20"}
     assert len(set(names)) == len(sensitivity.distinct()) == 11
 
 
 def test_overrides_become_hydra_set_params():
+    base = {"merge": {"window_s": 8}, "regimes": {"steady": {"kind": "steady"}}}
     args = set_param_args({"merge.window_s": 4, "replay.vllm.enabled": False, "control.policies": ["fixed_h", "a-b"],
-                           "analysis.primary.policy": "wa_diloco", "regimes.steady": None})
+                           "analysis.primary.policy": "wa_diloco", "regimes.steady": None}, base)
     assert args == ["-S", "++merge.window_s=4", "-S", "++replay.vllm.enabled=false",
                     "-S", "++control.policies=['fixed_h','a-b']", "-S", "++analysis.primary.policy='wa_diloco'",
                     "-S", "~regimes.steady"]
@@ -104,7 +106,7 @@ def test_dry_run_prints_one_queue_command_per_point(project: Path):
     done = CliRunner().invoke(app, ["study", "run", "ablation", "--dry-run", "--root", str(project)])
     assert done.exit_code == 0, done.output
     lines = done.output.splitlines()
-    assert len(lines) == 6 and all(line.startswith("dvc exp run --queue --name ablation-") for line in lines)
+    assert len(lines) == 6 and all(line.startswith("dvc exp run --queue --name ablation.") for line in lines)
 
 
 # --------------------------------------------------------------------------- the family, by hand

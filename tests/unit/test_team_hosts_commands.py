@@ -26,7 +26,7 @@ def _state(where: Placement) -> dict:
     return {"ports": {"airflow": 8080, "mlflow": 5000, "postgres": 5432, "redis": 6379}, "placement": where.to_json(),
             "secrets": {"airflow_db": "dbpw-airflow", "mlflow_db": "dbpw-mlflow", "admin": "adminpw",
                         "jwt_secret": "j" * 64, "api_secret_key": "k" * 64, "fernet_key": "f" * 44,
-                        "redis": "redispw"}}
+                        "redis": "redispw", "mlflow_stage": "stagepw"}}
 
 
 def _layout(tmp_path: Path) -> stack.Layout:
@@ -41,10 +41,12 @@ def test_single_machine_keeps_everything_on_loopback_unwrapped(tmp_path: Path) -
     assert single.argv("airflow-worker-gpu", ["airflow", "celery"]) == ["airflow", "celery"]
     assert single.worker_label("gpu") == "gpu@%h"
     cmds = stack.commands(_layout(tmp_path), _state(single), "/usr/bin/redis-server")
-    assert cmds["redis"][:3] == ["/usr/bin/redis-server", "--bind", "127.0.0.1"]  # no config file, no password
+    # the password from an owner-only config file on one machine too, never on the command line
+    assert cmds["redis"][:4] == ["/usr/bin/redis-server", str(tmp_path / "team" / "redis.conf"), "--bind", "127.0.0.1"]
+    assert "redispw" not in " ".join(cmds["redis"])
     assert "--allowed-hosts" not in cmds["mlflow"]
     assert cmds["airflow-worker-gpu"][cmds["airflow-worker-gpu"].index("--celery-hostname") + 1] == "gpu@%h"
-    assert stack.broker_url(_state(single)) == "redis://127.0.0.1:6379/0"
+    assert stack.broker_url(_state(single)) == "redis://:redispw@127.0.0.1:6379/0"
 
 
 def test_two_hosts_put_the_services_on_a_and_the_gpu_worker_on_b() -> None:
@@ -113,9 +115,10 @@ def test_every_url_a_fleet_process_gets_names_a(tmp_path: Path, monkeypatch: pyt
 def test_single_machine_env_is_unchanged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(postgres, "cluster", lambda base: postgres.Cluster(base, 0, 0))
     state = _state(Placement.single())
-    del state["placement"]  # a team.json written before placements existed
+    del state["placement"], state["secrets"]["mlflow_stage"]  # a team.json written before placements existed
     env = stack.env(_layout(tmp_path), state)
-    assert env["AIRFLOW__CELERY__BROKER_URL"] == "redis://127.0.0.1:6379/0"
+    assert env["AIRFLOW__CELERY__BROKER_URL"] == "redis://:redispw@127.0.0.1:6379/0"
+    assert "MLFLOW_TRACKING_USERNAME" not in env  # a team.json from before the MLflow login: none to give
     assert env["AIRFLOW__API__HOST"] == "127.0.0.1"
     assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].endswith("@127.0.0.1:5432/airflow")
     assert env["MLFLOW_TRACKING_URI"] == "http://127.0.0.1:5000"

@@ -18,7 +18,7 @@ from typing import TypeVar
 import click
 import typer
 
-from syncsafe.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, BadInput
+from syncsafe.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_TERMINATED, BadInput, Terminated
 
 F = TypeVar("F", bound=Callable[..., object])
 
@@ -35,6 +35,9 @@ def fails_cleanly(fn: F) -> F:
         except BadInput as err:
             print(f"error: {err}", file=sys.stderr)
             raise SystemExit(EXIT_BAD_INPUT) from None
+        except Terminated:
+            print("error: terminated (SIGTERM)", file=sys.stderr)
+            raise SystemExit(EXIT_TERMINATED) from None
         except KeyboardInterrupt:
             print("error: interrupted", file=sys.stderr)
             raise SystemExit(EXIT_INTERRUPTED) from None

@@ -28,7 +28,6 @@ import importlib
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -43,7 +42,7 @@ from syncsafe.io import write_json
 from syncsafe.pipeline.declarations import REGIME, STAGES, StageSpec, overlaps, topological_order
 from syncsafe.pipeline.progress import Progress
 from syncsafe.pipeline.runner import param, switched_on
-from syncsafe.procs import die_with_parent, log_tail
+from syncsafe.procs import die_with_parent, log_tail, sigterm_raises
 from syncsafe.tracking.settings import PIPELINE_RUN_ID_ENV, pipeline_run_id
 
 RUN_LOGS = L.LOGS / "run"
@@ -191,13 +190,10 @@ class Outcome:
 
 @contextlib.contextmanager
 def _stops_children(running: dict[str, Running]) -> Iterator[None]:
-    """SIGTERM raises SystemExit; leaving the block any other way than normally stops the running items."""
-    def stop(signum: int, frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, stop)
+    """SIGTERM raises `Terminated`; leaving the block any other way than normally stops the running items."""
     try:
-        yield
+        with sigterm_raises():
+            yield
     except BaseException:
         for r in running.values():
             if r.proc.poll() is None:
@@ -210,8 +206,6 @@ def _stops_children(running: dict[str, Running]) -> Iterator[None]:
                 r.proc.kill()
                 r.proc.wait()
         raise
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def check_jobs(jobs: int | None) -> None:

@@ -10,6 +10,7 @@ seed values behind it), `figure.png` and `report.md`; each point's run in MLflow
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +19,14 @@ import pandas as pd
 from syncsafe.analysis.report import markdown_table
 from syncsafe.artifacts import layout
 from syncsafe.artifacts.layout import study_dir
-from syncsafe.config import load_params, policy_label
+from syncsafe.config import load_params, parse_params, policy_label, read_yaml
 from syncsafe.errors import BadInput
 from syncsafe.io import write_csv, write_text
 from syncsafe.studies.family import PointResult, judge, mean_ci, seed_table
 from syncsafe.studies.figure import save_study_figure
 from syncsafe.studies.run import experiment_name, experiment_refs
-from syncsafe.studies.spec import Study
+from syncsafe.studies.dvc_overrides import first_difference
+from syncsafe.studies.spec import Point, Study, point_params
 from syncsafe.tracking.settings import tracking_enabled, tracking_uri
 from syncsafe.tracking.studies import PointRecord, log_study_points
 
@@ -52,9 +54,24 @@ def collect(root: Path, study: Study) -> list[PointResult]:
     results = []
     for point in study.points:
         sha, what = refs[study.experiment(point)], f"point {point.name}"
+        check_ran_its_params(root, study, point, sha)
         results.append(PointResult(point=point, envelope=read_at(root, ENVELOPE, sha, what),
                                    policy_table=read_at(root, POLICY_TABLE, sha, what)))
     return results
+
+
+def check_ran_its_params(root: Path, study: Study, point: Point, sha: str) -> None:
+    """Refuse an experiment whose params.yaml is not the point's (an older run, another study's, a hand edit)."""
+    done = subprocess.run(["git", "show", f"{sha}:params.yaml"], cwd=root, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise BadInput(f"point {point.name}: experiment {study.experiment(point)} ({sha[:12]}) has no params.yaml")
+    where = f"params.yaml of experiment {study.experiment(point)}"
+    ran = parse_params(read_yaml(done.stdout, where), where).model_dump(mode="json")
+    differs = first_difference(point_params(study, point).model_dump(mode="json"), ran)
+    if differs:
+        key, want, got = differs
+        raise BadInput(f"point {point.name}: experiment {study.experiment(point)} ran with {key} = {got!r}, the "
+                       f"point means {want!r}; run `syncsafe study run {study.name}` again")
 
 
 def summary(seeds: pd.DataFrame, point: str) -> pd.DataFrame:
@@ -81,7 +98,7 @@ def write_study_report(root: Path, study: Study) -> Path:
     write_text(out / layout.REPORT_FILE, render(study, rows, alpha, run_record))
     if tracking_enabled():
         records = [PointRecord(point=r.point.name, order=i, pipeline_run_id=f"dvc-exp-{study.experiment(r.point)}",
-                               overrides={**study.shared, **r.point.overrides}, summary=summary(seeds, r.point.name),
+                               overrides=study.overrides(r.point), summary=summary(seeds, r.point.name),
                                seeds=seeds[seeds["point"] == r.point.name].reset_index(drop=True))
                    for i, r in enumerate(results)]
         log_study_points(tracking_uri(root), experiment_name(study.name), study.name, records)
@@ -103,7 +120,8 @@ def render(study: Study, rows: pd.DataFrame, alpha: float, run: dict[str, Any] |
     spec = study.spec
     mode = "full (trained schedules, real replays as params say)" if study.full else "cheap (the study's `cheap` overrides)"
     lines = [f"# Study `{study.name}`: {spec.question}", "", spec.description.strip(), "",
-             f"Mode: {mode}. {len(study.points)} points, each a DVC experiment `{study.name}-<point>`; every point "
+             f"Mode: {mode}. {len(study.points)} points, each a DVC experiment `{study.name}.<point>` (checked to "
+             f"have run the point's params); every point "
              f"is judged by the protocol on its own (the tier column). The study's own question is one Holm family "
              f"over all {len(rows)} (point, regime) tests at alpha {alpha:g}: a finding is a Holm-adjusted p below it.",
              ""]

@@ -1,6 +1,6 @@
 """`syncsafe study run NAME`: one DVC experiment per point, queued, then run one at a time.
 
-Each point becomes `dvc exp run --queue --name <study>-<point> -S ++key=value ...`; the queue then runs with
+Each point becomes `dvc exp run --queue --name <study>.<point> -S ++key=value ...`; the queue then runs with
 one worker (`dvc exp run --run-all --jobs 1`: parallel queue workers are unreliable in current DVC). Every
 experiment runs in a temporary copy of the project, so only what git or DVC tracks goes with it: a study
 refuses to start while source files it would need are untracked. A stage whose deps and params a point does
@@ -27,7 +27,8 @@ from syncsafe.artifacts import layout
 from syncsafe.artifacts.layout import study_dir, study_log_dir
 from syncsafe.errors import BadInput
 from syncsafe.io import write_json, write_text
-from syncsafe.studies.spec import Point, Study, set_param_args
+from syncsafe.procs import sigterm_raises
+from syncsafe.studies.spec import Point, Study
 from syncsafe.timebase import now
 from syncsafe.tracking.settings import PIPELINE_RUN_ID_ENV, tracking_uri
 
@@ -36,6 +37,8 @@ _REUSED = re.compile(r"Stage '([^']+)' (?:is cached - skipping run|didn't change
 _RAN = re.compile(r"Running stage '([^']+)'")
 #: Paths an experiment's temporary copy must find in git.
 _CODE = ("src", "stages", "studies", "dvc.yaml", "params.yaml")
+#: Seconds an interrupted command gets to stop before it is killed.
+STOP_GRACE_S = 30.0
 
 
 class StudyFailed(RuntimeError):
@@ -106,13 +109,13 @@ def study_env(root: Path, study: str) -> dict[str, str]:
 
 def queue_commands(study: Study) -> list[list[str]]:
     """The `dvc exp run --queue` command line of every point (what `--dry-run` prints)."""
-    return [["dvc", "exp", "run", "--queue", "--name", study.experiment(p),
-             *set_param_args({**study.shared, **p.overrides})] for p in study.distinct()]
+    return [["dvc", "exp", "run", "--queue", "--name", study.experiment(p), *study.param_args(p)]
+            for p in study.distinct()]
 
 
 def study_overrides(study: Study) -> list[dict]:
     """Each point's overrides as the experiment gets them: the study's shared ones, then the point's."""
-    return [{**study.shared, **p.overrides} for p in study.points]
+    return [study.overrides(p) for p in study.points]
 
 
 def _prepare(root: Path, study: Study, names: list[str], env: dict[str, str], echo: Callable[[str], None]) -> None:
@@ -130,7 +133,7 @@ def _record(root: Path, study: Study, point: Point, text: str, ok: bool) -> Poin
     """What the point's log says it ran and reused; written to reports/studies/<name>/points/<point>.json."""
     write_text(study_log_dir(root, study.name) / f"{point.slug}.log", text)
     record = PointRun(point=point.name, experiment=study.experiment(point),
-                      overrides={**study.shared, **point.overrides}, ok=ok,
+                      overrides=study.overrides(point), ok=ok,
                       ran=sorted(set(_RAN.findall(text))), reused=sorted(set(_REUSED.findall(text))))
     write_json(study_dir(root, study.name) / layout.STUDY_POINTS_DIR / f"{point.slug}.json", asdict(record))
     return record
@@ -141,9 +144,9 @@ def run_point(root: Path, study: Study, point: Point, *, echo: Callable[[str], N
     env = study_env(root, study.name)
     name = study.experiment(point)
     _prepare(root, study, [name], env, echo)
-    command = [sys.executable, "-m", "dvc", "exp", "run", "--temp", "--name", name,
-               *set_param_args({**study.shared, **point.overrides})]
-    text = _stream(command, root, env, echo)
+    command = [sys.executable, "-m", "dvc", "exp", "run", "--temp", "--name", name, *study.param_args(point)]
+    with sigterm_raises():  # an orchestrator stops a task with SIGTERM: the experiment stops with it
+        text = _stream(command, root, env, echo)
     record = _record(root, study, point, text, ok=name in experiment_refs(root))
     if not record.ok:
         raise StudyFailed(f"study {study.name}: point {point.name} did not finish; see {study_log_dir(root, study.name)}/")
@@ -160,8 +163,15 @@ def run_study(root: Path, study: Study, *, echo: Callable[[str], None] = print) 
         _checked(dvc(root, *command[1:], env=env), " ".join(command[:6]))
     echo(f"queued {len(names)} point(s) of study {study.name}; running them one at a time")
     started = now()
-    _stream([sys.executable, "-m", "dvc", "exp", "run", "--run-all", "--jobs", "1"], root, env, echo,
-            log=study_log_dir(root, study.name) / "queue.log")
+    try:
+        with sigterm_raises():
+            _stream([sys.executable, "-m", "dvc", "exp", "run", "--run-all", "--jobs", "1"], root, env, echo,
+                    log=study_log_dir(root, study.name) / "queue.log")
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: DVC's queue worker is its own process and would go on
+        echo(f"study {study.name} interrupted: stopping DVC's queue worker and the point it runs")
+        dvc(root, "queue", "stop", "--kill", env=env)
+        dvc(root, "queue", "remove", *names, env=env)
+        raise
     wall = now() - started
     done = experiment_refs(root)
     logs = {name: dvc(root, "queue", "logs", name, env=env).stdout for name in names}
@@ -183,10 +193,19 @@ def _stream(command: list[str], root: Path, env: dict[str, str], echo: Callable[
     lines = []
     proc = subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
-    for line in proc.stdout:
-        lines.append(line)
-        echo(line.rstrip("\n"))
-    proc.wait()
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            echo(line.rstrip("\n"))
+        proc.wait()
+    finally:
+        if proc.poll() is None:  # interrupted: the command does not outlive this one
+            proc.terminate()
+            try:
+                proc.wait(STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
     text = "".join(lines)
     if log is not None:
         write_text(log, text)

@@ -10,24 +10,28 @@ A study asks one question of many points, each point the project's params with a
 
 `cheap` holds the overrides that make the study run in minutes on 2 cores (the stress-harness schedules, no
 real server); `syncsafe study run --full` leaves them out. Overrides are dotted params keys; `null` removes a
-key (its schema default applies). Every point's params are validated before anything is queued: an unknown
-key or a bad value is one line naming the study file, the point and the key.
+key (its schema default applies). Every point's params are validated before anything is queued, on the
+params its experiment will run with (DVC's own `-S` composition, studies.dvc_overrides): an unknown key, a
+bad value or an override DVC would apply otherwise is one line naming the study file, the point and the key.
 """
 
 from __future__ import annotations
 
 import copy
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
 from syncsafe.config import ConfigError, Params, PolicyName, Strict, parse_params, read_yaml, split_policy
+from syncsafe.studies.dvc_overrides import check_same, set_param_args
 
 #: Where study files live, relative to the project root.
 STUDIES_DIR = Path("studies")
+#: Between a study's name and a point's slug in its experiment names: in neither of them.
+EXPERIMENT_SEP = "."
 #: The regime wildcard of an axis key: `regimes.*.load_scale` sets the key of every regime.
 _EVERY_REGIME = "regimes.*."
 
@@ -94,10 +98,21 @@ class Study:
     #: point slug -> the slug of the first point with the very same params (itself if none came before): DVC
     #: keeps one experiment per content, so points that land on the same params share it.
     same_as: dict[str, str]
+    #: The project's params.yaml the points override (what `dvc exp run -S` applies them to).
+    base: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def experiment(self, point: Point) -> str:
-        """The DVC experiment name of a point (the first point's with the same params)."""
-        return f"{self.name}-{self.same_as.get(point.slug, point.slug)}"
+        """The DVC experiment name of a point (the first point's with the same params): `<study>.<point>`.
+        Neither a study's name nor a point's slug holds a `.`, so a name belongs to one point of one study."""
+        return f"{self.name}{EXPERIMENT_SEP}{self.same_as.get(point.slug, point.slug)}"
+
+    def overrides(self, point: Point) -> dict[str, Any]:
+        """A point's overrides as its experiment gets them: the study's shared ones, then the point's own."""
+        return {**self.shared, **point.overrides}
+
+    def param_args(self, point: Point) -> list[str]:
+        """The point's `dvc exp run -S` arguments (studies.dvc_overrides.set_param_args)."""
+        return set_param_args(self.overrides(point), self.base)
 
     def distinct(self) -> list[Point]:
         """The points that run: one per distinct params."""
@@ -157,14 +172,12 @@ def load_study(root: Path, name: str, *, full: bool = False) -> Study:
         same_as[point.slug] = next((slug for earlier, slug in seen if earlier == params), point.slug)
         seen.append((params, point.slug))
     return Study(name=name, path=path, spec=spec, points=points, policy=policy, full=full, shared=shared,
-                 same_as=same_as)
+                 same_as=same_as, base=base)
 
 
-def point_params(root: Path, study: Study, point: Point) -> Params:
+def point_params(study: Study, point: Point) -> Params:
     """The params a point runs with (what its DVC experiment's params.yaml holds)."""
-    params_path = root / "params.yaml"
-    base = read_yaml(params_path.read_text(encoding="utf-8"), str(params_path))
-    return _validated(base, {**study.shared, **point.overrides}, f"{study.path}: point {point.name}")
+    return _validated(study.base, study.overrides(point), f"{study.path}: point {point.name}")
 
 
 def _ablation_point(variant: str) -> Point:
@@ -214,29 +227,11 @@ def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str,
 
 
 def _validated(base: dict[str, Any], overrides: dict[str, Any], where: str) -> Params:
+    """The params of `overrides` on `base`, checked by the schema and against what DVC's `-S` will run."""
     try:
-        return parse_params(apply_overrides(base, overrides), "params.yaml")
+        ours = apply_overrides(base, overrides)
+        params = parse_params(ours, "params.yaml")
+        check_same(ours, base, overrides)
+        return params
     except ConfigError as err:
         raise ConfigError(f"{where}: {err}") from None
-
-
-def set_param_args(overrides: dict[str, Any]) -> list[str]:
-    """`dvc exp run -S` arguments for the overrides (Hydra override syntax: `++key=value`, `~key`)."""
-    args = []
-    for key, value in overrides.items():
-        args += ["-S", f"~{key}" if value is None else f"++{key}={_hydra_value(value)}"]
-    return args
-
-
-def _hydra_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-    if isinstance(value, list):
-        return "[" + ",".join(_hydra_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ",".join(f"{k}:{_hydra_value(v)}" for k, v in value.items()) + "}"
-    raise ConfigError(f"override value {value!r}: expected a number, string, boolean, list or mapping")

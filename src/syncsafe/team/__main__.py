@@ -15,7 +15,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from syncsafe.errors import EXIT_BAD_INPUT, EXIT_FAILED
+from syncsafe.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated
+from syncsafe.procs import sigterm_raises
 from syncsafe.team import stack
 from syncsafe.team.daemons import TeamError
 from syncsafe.team.placement import Placement, fleet_placement
@@ -47,9 +48,15 @@ def up(
     layout = stack.Layout.at(dir)
     try:
         where = fleet_placement(fleet, hosts, subnet) if fleet else Placement.single()
-        stack.up(layout, scheduled=scheduled, preferred_ports=not free_ports, extra_env=extra, where=where)
+        with sigterm_raises():  # stopped while starting: what it started goes down (stack.up)
+            stack.up(layout, scheduled=scheduled, preferred_ports=not free_ports, extra_env=extra, where=where)
     except TeamError as err:
         _fail(err)
+    except KeyboardInterrupt as stop:
+        terminated = isinstance(stop, Terminated)
+        typer.echo(f"error: team up {'terminated (SIGTERM)' if terminated else 'interrupted'}: "
+                   "everything it had started is down", err=True)
+        raise typer.Exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED) from None
     _print_status(layout)
     # never the password itself: CI logs and terminals keep what is printed
     typer.echo(f"Airflow user admin, password in {stack.admin_password_file(layout)} (owner-only, mode 0600)")

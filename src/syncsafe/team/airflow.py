@@ -51,6 +51,7 @@ def airflow_env(
     broker_url: str,
     api_port: int,
     mlflow_url: str,
+    mlflow_login: tuple[str, str] | None,
     secrets: Mapping[str, str],
     scheduled: bool,
     extra: Mapping[str, str] = {},
@@ -84,6 +85,9 @@ def airflow_env(
         "SYNCSAFE_REPO": str(repo),
         "SYNCSAFE_WORK_DIR": str(work_dir),
         "MLFLOW_TRACKING_URI": mlflow_url,
+        # the stage processes' own login to the MLflow server (its basic-auth app): what syncsafe.stage_env passes on
+        **({"MLFLOW_TRACKING_USERNAME": mlflow_login[0], "MLFLOW_TRACKING_PASSWORD": mlflow_login[1]}
+           if mlflow_login else {}),
         "SYNCSAFE_TRACKING_STRICT": "1",
         "SYNCSAFE_GPU_QUEUE": "gpu",
         "SYNCSAFE_GPU_POOL": GPU_POOL,

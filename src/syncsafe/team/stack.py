@@ -6,13 +6,14 @@ then the api-server, scheduler, dag-processor and both Celery workers; it
 returns when each answers (the API's health check reports the scheduler and the
 DAG processor healthy, each worker has joined the broker). Ports: Airflow 8080,
 MLflow 5000, PostgreSQL 5432, Redis 6379 when free (else any free port; with
-``preferred_ports=False`` always a free one), all on 127.0.0.1. A part that
-fails to start stops everything started so far.
+``preferred_ports=False`` always a free one), all on 127.0.0.1. Redis asks for
+a password (from an owner-only config file, never the command line), which only
+the Airflow processes' broker URL holds. A part that fails to start, or a
+SIGTERM while starting, stops everything started so far.
 
 With a fleet placement (:mod:`syncsafe.team.placement`) the same processes are
 spread over test hosts: the services on host A, bound to A's address, the
-workers on the other hosts, each started in its host's namespace; Redis then
-asks for a password (it refuses other hosts without one), PostgreSQL lets in
+workers on the other hosts, each started in its host's namespace; PostgreSQL lets in
 only the fleet hosts' addresses, and ``down`` also reports any process left in
 the fleet's namespaces.
 """
@@ -30,16 +31,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from syncsafe.io import write_json
+from syncsafe.io import write_json, write_text
 from syncsafe.procs import LOOPBACK, log_tail
 from syncsafe.team import airflow as af
-from syncsafe.team import daemons, postgres
+from syncsafe.team import daemons, mlflow_auth, postgres
 from syncsafe.team.daemons import TeamError
 from syncsafe.team.placement import Placement, check_fleet
 
 REPO = Path(__file__).resolve().parents[3]
 STATE = "team.json"
 REDIS_CONF = "redis.conf"
+MLFLOW_AUTH_CONF = "mlflow-auth.ini"
+#: The MLflow server's users: its admin (the setup's own), and the one every stage process logs as.
+MLFLOW_ADMIN, MLFLOW_STAGE_USER = "admin", "stage"
 PREFERRED = {"airflow": 8080, "mlflow": 5000, "postgres": 5432, "redis": 6379}
 #: Start order; ``down`` stops in reverse.
 ORDER = ("redis", "mlflow", "airflow-api-server", "airflow-scheduler", "airflow-dag-processor",
@@ -93,6 +97,10 @@ def _secrets(old: Mapping[str, str]) -> dict[str, str]:
         "api_secret_key": secrets.token_hex(32),
         "fernet_key": base64.urlsafe_b64encode(os.urandom(32)).decode(),
         "redis": secrets.token_hex(16),
+        "mlflow_auth_db": secrets.token_hex(16),
+        "mlflow_admin": secrets.token_urlsafe(16),
+        "mlflow_stage": secrets.token_urlsafe(16),
+        "mlflow_flask": secrets.token_hex(32),
     }
     return {**new, **old}
 
@@ -114,11 +122,9 @@ def urls(state: Mapping[str, Any]) -> dict[str, str]:
 
 
 def broker_url(state: Mapping[str, Any]) -> str:
-    """Celery's broker URL: on a fleet with Redis's password (only in the processes' environment)."""
-    url = urls(state)["redis"]
-    if placement(state).fleet is None:
-        return url
-    return url.replace("redis://", f"redis://:{state['secrets']['redis']}@", 1)
+    """Celery's broker URL with Redis's password (only in the Airflow processes' environment, never a stage's:
+    syncsafe.stage_env)."""
+    return urls(state)["redis"].replace("redis://", f"redis://:{state['secrets']['redis']}@", 1)
 
 
 def env(layout: Layout, state: Mapping[str, Any]) -> dict[str, str]:
@@ -129,6 +135,7 @@ def env(layout: Layout, state: Mapping[str, Any]) -> dict[str, str]:
         home=layout.airflow_home, repo=layout.repo, work_dir=layout.work_dir,
         metadata_url=c.url("airflow", s["airflow_db"], p["postgres"], "airflow", host=addr),
         broker_url=broker_url(state), api_port=p["airflow"], mlflow_url=urls(state)["mlflow"],
+        mlflow_login=(MLFLOW_STAGE_USER, s["mlflow_stage"]) if "mlflow_stage" in s else None,  # older team.json
         secrets=s, scheduled=state.get("scheduled", False), extra=state.get("extra_env", {}), api_host=addr,
     )
 
@@ -138,14 +145,16 @@ def commands(layout: Layout, state: Mapping[str, Any], redis: str = "redis-serve
     the services' address, on a fleet wrapped to run in their host's namespace (no side effects)."""
     where, ports = placement(state), state["ports"]
     addr, fleet = where.address, where.fleet is not None
-    # on a fleet Redis needs a password (protected mode refuses other hosts without one): read from a file
-    conf = [str(layout.root / REDIS_CONF)] if fleet else []
+    # Redis requires a password (any local user could read or rewrite the broker's queues otherwise; on a fleet
+    # protected mode also refuses other hosts without one): read from an owner-only file, never argv
+    conf = [str(layout.root / REDIS_CONF)]
     # on a fleet only A's address:port is a Host the MLflow server answers (its default: every private address)
     hosts = ["--allowed-hosts", f"{addr}:{ports['mlflow']},{addr}"] if fleet else []
     out = {
         "redis": [redis, *conf, "--bind", addr, "--port", str(ports["redis"]), "--save", "", "--appendonly", "no",
                   "--dir", str(layout.root), "--protected-mode", "yes"],
-        "mlflow": [str(layout.mlflow), "server", "--host", addr, "--port", str(ports["mlflow"]), *hosts,
+        "mlflow": [str(layout.mlflow), "server", "--app-name", "basic-auth", "--host", addr, "--port",
+                   str(ports["mlflow"]), *hosts,
                    "--workers", "2", "--artifacts-destination", str(layout.artifacts)],
         **af.commands(layout.airflow, {w: where.worker_label(w) for w in af.WORKERS}),
     }
@@ -221,23 +230,26 @@ def _start_all(layout: Layout, state: dict[str, Any], redis: str, timeout_s: flo
         c, ports["postgres"], listen=addr, clients=where.client_addresses(tuple(af.WORKERS)) if fleet else (),
         wrap=(lambda cmd: where.argv("postgres", cmd)) if fleet else None)
     save(layout, state)
-    for db in ("airflow", "mlflow"):
+    for db in ("airflow", "mlflow", "mlflow_auth"):
         postgres.ensure_database(c, ports["postgres"], db, s[f"{db}_db"])
 
     cmds = commands(layout, state, redis)
-    if fleet:
-        _write_redis_config(layout, state)
+    _write_redis_config(layout, state)
     rec = started("redis", cmds["redis"], base_env)
-    auth = s["redis"] if fleet else None
-    daemons.wait_until(lambda: where.call(_redis_ping, ports["redis"], addr, auth), what="redis", timeout_s=60,
-                       record=rec)
+    daemons.wait_until(lambda: where.call(_redis_ping, ports["redis"], addr, s["redis"]), what="redis",
+                       timeout_s=60, record=rec)
 
     layout.artifacts.mkdir(parents=True, exist_ok=True)
-    # the store URI holds the role's password: through the environment, never the command line (ps, logs)
-    store = {"MLFLOW_BACKEND_STORE_URI": c.url("mlflow", s["mlflow_db"], ports["postgres"], "mlflow", host=addr)}
+    # the store URI holds the role's password: through the environment, never the command line (ps, logs); the
+    # basic-auth app's users, admin password and database URI: an owner-only file
+    store = {"MLFLOW_BACKEND_STORE_URI": c.url("mlflow", s["mlflow_db"], ports["postgres"], "mlflow", host=addr),
+             "MLFLOW_AUTH_CONFIG_PATH": str(_write_mlflow_auth_config(layout, state, c)),
+             "MLFLOW_FLASK_SERVER_SECRET_KEY": s["mlflow_flask"]}
     rec = started("mlflow", cmds["mlflow"], {**base_env, **store})
     daemons.wait_until(lambda: where.call(daemons.http_ok, urls(state)["mlflow"] + "/health"), what="mlflow server",
                        timeout_s=timeout_s, record=rec)
+    where.call(mlflow_auth.ensure_user, urls(state)["mlflow"], (MLFLOW_ADMIN, s["mlflow_admin"]),
+               (MLFLOW_STAGE_USER, s["mlflow_stage"]))
 
     aenv = {**base_env, **env(layout, state)}
     layout.airflow_home.mkdir(parents=True, exist_ok=True)
@@ -272,6 +284,15 @@ def _write_redis_config(layout: Layout, state: Mapping[str, Any]) -> None:
     conf.touch(mode=0o600)
     os.chmod(conf, 0o600)
     conf.write_text(f"requirepass {state['secrets']['redis']}\n")
+
+
+def _write_mlflow_auth_config(layout: Layout, state: Mapping[str, Any], c: postgres.Cluster) -> Path:
+    """The MLflow basic-auth app's settings (its user store on PostgreSQL, the admin's password), owner-only."""
+    s, addr = state["secrets"], placement(state).address
+    conf = layout.root / MLFLOW_AUTH_CONF
+    users = c.url("mlflow_auth", s["mlflow_auth_db"], state["ports"]["postgres"], "mlflow_auth", host=addr)
+    write_text(conf, mlflow_auth.config(users, MLFLOW_ADMIN, s["mlflow_admin"]), mode=0o600)
+    return conf
 
 
 def _redis_ping(port: int, address: str = LOOPBACK, password: str | None = None) -> bool:
