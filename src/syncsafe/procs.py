@@ -17,8 +17,10 @@ import re
 import shutil
 import signal
 import socket
+import subprocess
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -205,3 +207,18 @@ def sigterm_raises() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def stop_processes(procs: Iterable[subprocess.Popen], grace_s: float) -> None:
+    """Terminate every one of `procs` still running, give them `grace_s` together, then kill what is left."""
+    procs = list(procs)
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        try:
+            proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -70,7 +70,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as err:
         print(f"syncsafe.stage_env: cannot start {args[0]!r}: {err.strerror}", file=sys.stderr)
         return 127
-    return 0  # not reached: exec replaced this process
 
 
 if __name__ == "__main__":

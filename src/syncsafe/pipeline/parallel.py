@@ -42,7 +42,7 @@ from syncsafe.io import write_json
 from syncsafe.pipeline.declarations import REGIME, STAGES, StageSpec, overlaps, topological_order
 from syncsafe.pipeline.progress import Progress
 from syncsafe.pipeline.runner import param, switched_on
-from syncsafe.procs import die_with_parent, log_tail, sigterm_raises
+from syncsafe.procs import die_with_parent, log_tail, sigterm_raises, stop_processes
 from syncsafe.tracking.settings import PIPELINE_RUN_ID_ENV, pipeline_run_id
 
 RUN_LOGS = L.LOGS / "run"
@@ -195,16 +195,7 @@ def _stops_children(running: dict[str, Running]) -> Iterator[None]:
         with sigterm_raises():
             yield
     except BaseException:
-        for r in running.values():
-            if r.proc.poll() is None:
-                r.proc.terminate()
-        deadline = time.monotonic() + STOP_GRACE_S
-        for r in running.values():
-            try:
-                r.proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                r.proc.kill()
-                r.proc.wait()
+        stop_processes((r.proc for r in running.values()), STOP_GRACE_S)
         raise
 
 

@@ -27,7 +27,7 @@ from syncsafe.artifacts import layout
 from syncsafe.artifacts.layout import study_dir, study_log_dir
 from syncsafe.errors import BadInput
 from syncsafe.io import write_json, write_text
-from syncsafe.procs import sigterm_raises
+from syncsafe.procs import sigterm_raises, stop_processes
 from syncsafe.studies.spec import Point, Study
 from syncsafe.timebase import now
 from syncsafe.tracking.settings import PIPELINE_RUN_ID_ENV, tracking_uri
@@ -198,14 +198,8 @@ def _stream(command: list[str], root: Path, env: dict[str, str], echo: Callable[
             lines.append(line)
             echo(line.rstrip("\n"))
         proc.wait()
-    finally:
-        if proc.poll() is None:  # interrupted: the command does not outlive this one
-            proc.terminate()
-            try:
-                proc.wait(STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    finally:  # interrupted: the command does not outlive this one
+        stop_processes([proc], STOP_GRACE_S)
     text = "".join(lines)
     if log is not None:
         write_text(log, text)

@@ -100,6 +100,8 @@ class Study:
     same_as: dict[str, str]
     #: The project's params.yaml the points override (what `dvc exp run -S` applies them to).
     base: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    #: point slug -> the params it runs with, validated once when the study is loaded.
+    params: dict[str, Params] = field(default_factory=dict, compare=False, repr=False)
 
     def experiment(self, point: Point) -> str:
         """The DVC experiment name of a point (the first point's with the same params): `<study>.<point>`.
@@ -166,18 +168,18 @@ def load_study(root: Path, name: str, *, full: bool = False) -> Study:
     if twice:
         raise ConfigError(f"{path}: points {twice} share a name")
     same_as: dict[str, str] = {}
-    seen: list[tuple[Params, str]] = []
+    validated: dict[str, Params] = {}
     for point in points:
         params = _validated(base, {**shared, **point.overrides}, f"{path}: point {point.name}")
-        same_as[point.slug] = next((slug for earlier, slug in seen if earlier == params), point.slug)
-        seen.append((params, point.slug))
+        same_as[point.slug] = next((slug for slug, earlier in validated.items() if earlier == params), point.slug)
+        validated[point.slug] = params
     return Study(name=name, path=path, spec=spec, points=points, policy=policy, full=full, shared=shared,
-                 same_as=same_as, base=base)
+                 same_as=same_as, base=base, params=validated)
 
 
 def point_params(study: Study, point: Point) -> Params:
-    """The params a point runs with (what its DVC experiment's params.yaml holds)."""
-    return _validated(study.base, study.overrides(point), f"{study.path}: point {point.name}")
+    """The params a point runs with (what its DVC experiment's params.yaml holds), as validated at load."""
+    return study.params[point.slug]
 
 
 def _ablation_point(variant: str) -> Point:
