@@ -214,6 +214,20 @@ class SizedRegime:
     wall_s: float
 
 
+def _fixed_span_short(design: RegimeDesign, controller: str, span_s: float, draws: int,
+                      lives: list[float] | None) -> str | None:
+    """Why a fixed span (`replay.vllm.span_s`) leaves `design`'s planned replays below the request floor, with
+    the shortest span that meets it; None when it meets it."""
+    span_s = min(span_s, design.space.duration_s)
+    if floor_met(design, controller, span_s, draws, lives):
+        return None
+    meets = [g for g in _grid(design) if floor_met(design, controller, g, draws, lives)]
+    return (f"replay.vllm.span_s {span_s:g} s leaves a planned replay below the request floor "
+            f"({design.min_requests} requests, {design.min_merge_active} in the merge windows of {controller}, its "
+            f"draws and its cadence); " + (f"the shortest span that meets it is {meets[0]:g} s (or span_s: null)"
+                                           if meets else "no span of the regime meets it"))
+
+
 def _grid(design: RegimeDesign) -> list[float]:
     """Candidate spans: every quarter control cycle up to the regime's duration."""
     step = design.space.cycle_s / GRID_PER_CYCLE
@@ -257,7 +271,8 @@ def size_plans(designs: dict[str, RegimeDesign], controllers: list[str], budget_
     meeting the request floor, or a powered span the budget cannot pay for. When no span powers it,
     it alone gets the longest informative span the budget allows, with one draw,
     and its plan says how much power that buys (the gate will then report *underpowered* when it does
-    not pass). A fixed span (`fixed_span_s`) is used as given, powered or not.
+    not pass). A fixed span (`fixed_span_s`) is used as given, powered or not, but never below the request
+    floor: a regime whose planned replays it leaves short is left out with the reason, the first one fails.
     """
     cache: dict[tuple[str, int, int, float], GatePower] = {}
 
@@ -272,9 +287,12 @@ def size_plans(designs: dict[str, RegimeDesign], controllers: list[str], budget_
     informative_grids = {r: [g for g in _grid(d) if informative(d, controllers[0], g)
                              and floor_met(d, controllers[0], g, max_draws, lives[r])] for r, d in designs.items()}
 
+    fixed_short = {r: _fixed_span_short(d, controllers[0], fixed_span_s, max_draws, lives[r])
+                   for r, d in designs.items()} if fixed_span_s is not None else {}
+
     def shortest(regime: str, n: int, draws: int) -> float | None:
         if fixed_span_s is not None:
-            return min(fixed_span_s, designs[regime].space.duration_s)
+            return None if fixed_short[regime] else min(fixed_span_s, designs[regime].space.duration_s)
         grid = informative_grids[regime]
         return _shortest_powered(lambda s: power(regime, n, draws, s), grid, power_target) if grid else None
 
@@ -284,6 +302,9 @@ def size_plans(designs: dict[str, RegimeDesign], controllers: list[str], budget_
         used = 0.0
         for regime, design in designs.items():
             span = shortest(regime, 1, draws)
+            if span is None and fixed_short.get(regime):
+                left_out[regime] = fixed_short[regime]
+                continue
             if span is None:
                 left_out[regime] = (f"no span where {controllers[0]} merges on every planned seed, its "
                                     f"draws can place those merges differently and every replay has "
@@ -304,6 +325,8 @@ def size_plans(designs: dict[str, RegimeDesign], controllers: list[str], budget_
     candidates = [(draws, *admit(draws)) for draws in range(max_draws, fewest - 1, -1)]
     draws, spans, left_out = max(candidates, key=lambda c: (first in c[1], len(c[1]), c[0]))
     if first not in spans:
+        if fixed_short.get(first):
+            raise PlanError(f"the primary's regime {first}: {fixed_short[first]}")
         if not informative_grids[first]:
             raise PlanError(f"the primary's regime {first} has no span: {left_out[first]}")
         if (span := shortest(first, 1, fewest)) is not None:

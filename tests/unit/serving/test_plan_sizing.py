@@ -135,6 +135,28 @@ def test_a_fixed_span_is_kept_and_its_power_stated():
     assert 0.0 <= sized.power.power <= 1.0
 
 
+def test_a_fixed_span_below_the_request_floor_fails_naming_the_span_that_meets_it():
+    """A fixed span used to be replayed as given: a span that ended before the controller's first merge
+    replayed no merge at all, and every merge-active comparison was empty."""
+    floor = replace(design(), min_requests=100, min_merge_active=10)
+    first = min(s.controllers["primary"].merge_starts_s[0] for s in floor.seeds)
+    kwargs = dict(budget_s=4000.0, threshold=1.05, power_target=0.8, max_draws=2)
+    with pytest.raises(PlanError, match=rf"primary's regime bursty: replay.vllm.span_s {first:g} s leaves a planned "
+                                        r"replay below the request floor \(100 requests, 10 in the merge windows .*"
+                                        r"the shortest span that meets it is (\d+(\.\d+)?) s"):
+        size_plans({"bursty": floor}, ["primary"], fixed_span_s=first, **kwargs)
+    with pytest.raises(PlanError) as err:
+        size_plans({"bursty": floor}, ["primary"], fixed_span_s=first, **kwargs)
+    meets = float(str(err.value).split("the shortest span that meets it is ")[1].split(" s")[0])
+    assert meets > first and floor_met(floor, "primary", meets, 2, nominal_lives(floor))
+    kept = size_plans({"bursty": floor}, ["primary"], fixed_span_s=meets, **kwargs).regimes["bursty"]
+    assert kept.span_s == meets
+    # a later regime is left out with the reason instead
+    sized = size_plans({"other": replace(design(), regime="other"), "bursty": floor}, ["primary"],
+                       fixed_span_s=first, **kwargs)
+    assert list(sized.regimes) == ["other"] and "below the request floor" in sized.left_out["bursty"]
+
+
 def test_a_span_where_the_draws_must_copy_the_controller_is_not_informative():
     d = design()
     first = min(s.controllers["primary"].merge_starts_s[0] for s in d.seeds)
