@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import copy
+import fcntl
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -10,21 +13,9 @@ import yaml
 
 from syncsafe.config import Params, parse_params
 from syncsafe.profiles import compose_file
+from small_params import small_raw_params
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def small_raw_params() -> dict:
-    """params.yaml shrunk: 2 seeds, 240 s regimes, 3 draws, harness schedules."""
-    raw = yaml.safe_load((REPO / "params.yaml").read_text())
-    raw["seeds"] = [0, 1]
-    for regime in raw["regimes"].values():
-        regime["duration_s"] = 240
-        if regime["kind"] == "trace":  # shipped trace files, wherever pytest runs from
-            regime["path"] = str(REPO / regime["path"])
-    raw["schedules"]["random_draws"] = 3
-    raw["schedules"]["source"] = "harness"  # training has its own tests
-    return raw
 
 
 @pytest.fixture(scope="session")
@@ -85,3 +76,22 @@ def params_file(tmp_path: Path, raw_params: dict) -> Path:
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump(raw_params))
     return path
+
+
+#: Test files that share a machine-wide resource: when the tests run on several workers (`make test`: pytest-xdist,
+#: one file per worker at a time) a group's files hold its lock for their whole run, so they run one after the other.
+#: Network namespaces, their links and their shaping.
+EXCLUSIVE_GROUPS = {"netns": ("test_fleet.py", "test_multihost_train.py", "test_team_hosts.py")}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _exclusive_group(request: pytest.FixtureRequest) -> Iterator[None]:
+    """This file's `EXCLUSIVE_GROUPS` lock (a file lock every worker sees), held until its last test is done."""
+    name = request.node.path.name
+    group = next((g for g, files in EXCLUSIVE_GROUPS.items() if name in files), None)
+    if group is None:
+        yield
+        return
+    with open(Path(tempfile.gettempdir()) / f"syncsafe-tests-{group}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also when the worker dies
+        yield

@@ -1,4 +1,5 @@
-"""Fixtures of the integration tests: an empty, migrated MLflow SQLite store to copy."""
+"""Fixtures of the integration tests: an empty, migrated MLflow SQLite store to copy; the session's one
+`dvc repro` with the real vLLM server (`real_repro`)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from real_repro import ReproRun, repro_once
 from tracking_store import TRACKING_ENV
 
 
@@ -27,3 +29,13 @@ def fresh_store(tmp_path: Path, empty_db: Path, monkeypatch: pytest.MonkeyPatch)
         monkeypatch.delenv(name, raising=False)
     shutil.copy(empty_db, tmp_path / "mlflow.db")
     return tmp_path
+
+
+@pytest.fixture(scope="session")
+def real_repro(tmp_path_factory: pytest.TempPathFactory) -> ReproRun:
+    """A fresh copy of this checkout through `dvc repro`, the real vLLM replays included (`real_repro.repro_once`):
+    run once per session, read by the fresh-copy pipeline test and the real-server tests."""
+    from vllm_env import require_vllm_python
+
+    require_vllm_python()
+    return repro_once(tmp_path_factory.mktemp("repro") / "clone")

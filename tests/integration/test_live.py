@@ -23,7 +23,7 @@ from syncsafe.schedules.schedule import read_schedule
 from syncsafe.serving.live import condition_order, live_action_space, live_dir
 from syncsafe.traces.stage import build_traces
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.real_server]
 
 
 def make_project(root: Path, raw: dict) -> Path:

@@ -18,7 +18,6 @@ from syncsafe.cli import app
 from syncsafe.config import CONTROLLER_POLICIES
 from syncsafe.schedules.schedule import LoadIntegral, busy_overlap_s, read_schedule
 from syncsafe.traces.stage import load_timeline
-from project_copy import tracked_copy
 
 INDEX_COLUMNS = ["regime", "policy", "seed", "draw", "matched_to", "source", "n_merges", "path"]
 
@@ -140,27 +139,11 @@ def test_import_trace_command(tmp_path, cli):
 
 
 @pytest.mark.slow
-def test_dvc_repro_in_a_fresh_copy_then_nothing_to_do(tmp_path, repo_root, raw_params):
-    """The whole dvc.yaml, real training and a real vLLM replay included, then a no-op second repro."""
-    project = tracked_copy(repo_root, tmp_path / "clone")
-    raw_params["seeds"] = [0]
-    raw_params["regimes"] = {k: {**v, "duration_s": 120} for k, v in raw_params["regimes"].items() if k in ("bursty", "steady")}
-    raw_params["replay"]["vllm"]["regimes"] = ["bursty"]
-    raw_params["control"]["policies"] = ["fixed_h", "wa_diloco"]
-    raw_params["schedules"]["source"] = "train"
-    raw_params["train"].update({"corpus_bytes": 300_000, "eval_batches": 2})
-    # the real vLLM server, briefly: a 30 s span, the primary (and fixed_h when it fits), one draw each; the
-    # budget pays for the primary's six replays down to a time scale of 0.8
-    raw_params["replay"]["vllm"].update({"python": str(repo_root / ".venv-vllm" / "bin" / "python"),
-                                         "regimes": ["bursty"], "policies": ["fixed_h"], "draws": 1, "budget_s": 250,
-                                         "capacity_probe_s": 2, "span_s": 30, "warmup_max_s": 30,
-                                         "min_requests": 60, "min_merge_active": 5})
-    (project / "params.yaml").write_text(yaml.safe_dump(raw_params))
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    run = lambda *a: subprocess.run(a, cwd=project, env=env, capture_output=True, text=True, timeout=1500)  # noqa: E731
-    for cmd in (["git", "init", "-q"], ["git", "add", "-A"]):
-        assert run(*cmd).returncode == 0
-    first = run("dvc", "repro")
+@pytest.mark.real_server
+def test_dvc_repro_in_a_fresh_copy_then_nothing_to_do(real_repro):
+    """The whole dvc.yaml, real training and a real vLLM replay included (the session's shared run,
+    `real_repro.repro_params`), then a no-op second repro."""
+    project, first = real_repro.project, real_repro.first
     assert first.returncode == 0, first.stdout + first.stderr
     assert "Running stage 'train@steady'" in first.stdout and "Running stage 'schedules@steady'" in first.stdout
     index = pd.read_csv(project / "runs" / "schedules" / "index.csv")
@@ -170,7 +153,7 @@ def test_dvc_repro_in_a_fresh_copy_then_nothing_to_do(tmp_path, repo_root, raw_p
     # the first no-sync control and every planned controller with its span-matched draws; the later
     # no-sync controls are listed in runs/replay-sets/vllm/repeats.csv
     plan = json.loads((project / "runs" / "replay-sets" / "vllm" / "plan.json").read_text())["regimes"]["bursty"]
-    assert plan["controllers"][0] == "wa_diloco"
+    assert plan["controllers"][0] == real_repro.raw["analysis"]["primary"]["policy"]
     assert len(replays[replays["backend"] == "vllm"]) == 1 + len(plan["controllers"]) * (2 + plan["draws"])
     repeats = pd.read_csv(project / "runs" / "replay-sets" / "vllm" / "repeats.csv")
     if len(repeats) == plan["controls"]:  # the noise floor asked for one more control: the seed is then left out
@@ -181,19 +164,25 @@ def test_dvc_repro_in_a_fresh_copy_then_nothing_to_do(tmp_path, repo_root, raw_p
     table = pd.read_csv(project / "reports" / "policy_table.csv")
     assert set(table["policy"]) == {"fixed_h", "wa_diloco", "no_sync"}  # references are columns of their controller
     assert "## Real replays (vLLM)" in (project / "reports" / "report.md").read_text()
-    second = run("dvc", "repro")
+    second = real_repro.run("dvc", "repro")
     assert second.returncode == 0
     assert "Running stage" not in second.stdout
     assert "up to date" in second.stdout
     # the server profile is reused until what it measures changes: a new replay budget re-plans, never re-profiles
-    raw_params["replay"]["vllm"]["budget_s"] = 260
-    (project / "params.yaml").write_text(yaml.safe_dump(raw_params))
-    changed = json.loads(run("dvc", "status", "--json").stdout)
-    assert "replay-vllm" in changed and "profile-vllm" not in changed
-    dry = run("syncsafe", "run", "--dry-run", "--redo", "profile-vllm")  # re-profiling on purpose
-    assert dry.returncode == 0, dry.stderr
-    assert "run profile-vllm alone" in dry.stdout and "run replay-vllm alone" in dry.stdout
-    assert "ok  traces@bursty" in dry.stdout
+    params_yaml = project / "params.yaml"
+    written = params_yaml.read_text()
+    try:
+        changed_raw = yaml.safe_load(written)
+        changed_raw["replay"]["vllm"]["budget_s"] += 10
+        params_yaml.write_text(yaml.safe_dump(changed_raw))
+        changed = json.loads(real_repro.run("dvc", "status", "--json").stdout)
+        assert "replay-vllm" in changed and "profile-vllm" not in changed
+        dry = real_repro.run("syncsafe", "run", "--dry-run", "--redo", "profile-vllm")  # re-profiling on purpose
+        assert dry.returncode == 0, dry.stderr
+        assert "run profile-vllm alone" in dry.stdout and "run replay-vllm alone" in dry.stdout
+        assert "ok  traces@bursty" in dry.stdout
+    finally:  # the other tests read this project as it ran
+        params_yaml.write_text(written)
 
 
 def test_dvc_yaml_command_writes_the_render_and_check_names_a_stage_that_differs(tmp_path, cli):

@@ -1,4 +1,5 @@
-"""Replay against a real vLLM CPU server (slow: the server starts in about a minute).
+"""Replay against a real vLLM CPU server: the replays of the session's shared `dvc repro` (`real_repro`), read
+here, and the server's failure paths, each on its own server with the shared run's server profile.
 
 Needs the vLLM environment (`make vllm-env`, which `make test` runs).
 """
@@ -7,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -20,7 +20,8 @@ import psutil
 import pytest
 import yaml
 
-from vllm_env import VLLM_PYTHON, eager, require_vllm_python
+from real_repro import SERVER_PROFILE, borrow_profile
+from vllm_env import VLLM_PYTHON, eager
 from syncsafe.config import load_params
 from syncsafe.schedules.schedule import read_schedule
 from syncsafe.schedules.stage import build_index, build_schedules
@@ -32,18 +33,18 @@ from syncsafe.artifacts.schedule_sets import read_schedule_index
 from syncsafe.serving.engine_profile import ServerProfile
 from syncsafe.serving.real_arm import server_log_path
 from syncsafe.serving.real_plan import plan_real_arm
-from syncsafe.serving.server_profile import profile_vllm, read_measured_server
+from syncsafe.serving.server_profile import read_measured_server
 from syncsafe.serving.vllm_replay import replay_vllm
 from syncsafe.serving.vllm_server import ServerError
 from syncsafe.traces.stage import build_traces
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.real_server]
 VLLM_SET = Path("runs") / "replay-sets" / "vllm"
-SERVER_PROFILE = Path("runs") / "server-profile"
 
 
 def make_project(root: Path, raw: dict, **vllm) -> Path:
-    """The tiny profile's params (`raw`, from the `tiny_raw` fixture): harness schedules, fixed_h replayed."""
+    """The tiny profile's params (`raw`, from the `tiny_raw` fixture): harness schedules, fixed_h replayed (the
+    shared run's primary: its profile and model are borrowed)."""
     raw["control"]["policies"] = ["fixed_h", "wa_seasonal"]
     raw["schedules"].update({"random_draws": 1, "source": "harness"})
     raw["analysis"]["primary"]["policy"] = "fixed_h"  # the declared primary test must name a controller of this project
@@ -60,18 +61,10 @@ def make_project(root: Path, raw: dict, **vllm) -> Path:
 
 
 @pytest.fixture(scope="module")
-def vllm_project(tmp_path_factory, tiny_raw) -> Path:
-    require_vllm_python()
-    root = tmp_path_factory.mktemp("vllm")
-    params = load_params(make_project(root, tiny_raw()))
-    profile_vllm(params, root)  # its own server run, as the profile-vllm stage
-    replay_vllm(params, root)
-    return root
-
-
-def borrow_profile(project: Path, root: Path) -> None:
-    """The module project's server profile (same machine, same tiny model) for a test that does not measure one."""
-    shutil.copytree(project / SERVER_PROFILE, root / SERVER_PROFILE)
+def vllm_project(real_repro) -> Path:
+    """The shared run's project, once its `dvc repro` succeeded."""
+    assert real_repro.first.returncode == 0, real_repro.first.stdout[-3000:] + real_repro.first.stderr[-3000:]
+    return real_repro.project
 
 
 def _replays(root: Path, name: str = "index.csv") -> pd.DataFrame:
@@ -82,9 +75,15 @@ def _summary(root: Path, rel: str) -> dict:
     return json.loads((root / rel / "summary.json").read_text())
 
 
+def _plan(root: Path) -> dict:
+    return json.loads((root / VLLM_SET / "plan.json").read_text())["regimes"]["bursty"]
+
+
 def test_real_server_answers_an_open_loop_replay(vllm_project):
     index = _replays(vllm_project)
-    assert sorted(index["policy"]) == ["even_cadence", "fixed_h", "matched_random", "no_sync"]
+    controllers = _plan(vllm_project)["controllers"]
+    assert sorted(index["policy"]) == sorted(["even_cadence", "matched_random"] * len(controllers)
+                                             + controllers + ["no_sync"])
     for rec in pd.concat([index, _replays(vllm_project, "repeats.csv")]).itertuples():
         requests = pd.read_parquet(vllm_project / rec.path / "requests.parquet")
         assert len(requests) > 20 and (requests["error"] == "").all()
@@ -140,17 +139,18 @@ def test_the_capacity_search_ran_on_the_real_server_and_set_the_declared_utilisa
 
 def test_every_real_draw_is_count_matched_in_the_replayed_span(vllm_project):
     index = _replays(vllm_project)
-    span = json.loads((vllm_project / VLLM_SET / "plan.json").read_text())["regimes"]["bursty"]["span_s"]
-    controller = read_schedule(vllm_project / index[index["policy"] == "fixed_h"].iloc[0]["schedule"])
-    draws = index[index["policy"] == "matched_random"]
-    assert len(draws) >= 1
+    plan = _plan(vllm_project)
+    primary, span = plan["controllers"][0], plan["span_s"]
+    replayed = index[index["policy"] == primary].iloc[0]
+    controller = read_schedule(vllm_project / replayed["schedule"])
+    draws = index[(index["policy"] == "matched_random") & (index["matched_to"] == primary)]
+    assert len(draws) == plan["draws"] >= 1
     for rec in draws.itertuples():
         draw = read_schedule(vllm_project / rec.schedule)
         assert "matched_random_span" in rec.schedule
         check_span_budget(controller, draw, span)
         summary = _summary(vllm_project, rec.path)
-        assert summary["span_merges"] == _summary(vllm_project, index[index["policy"] == "fixed_h"].iloc[0]["path"])[
-            "span_merges"]
+        assert summary["span_merges"] == _summary(vllm_project, replayed["path"])["span_merges"] >= 1
 
 
 def test_replays_ran_in_blocks_each_with_a_no_sync_control_and_the_slo_pooled_from_all_controls(vllm_project):
@@ -161,9 +161,13 @@ def test_replays_ran_in_blocks_each_with_a_no_sync_control_and_the_slo_pooled_fr
     assert [b for _, b, _ in order] == sorted(b for _, b, _ in order), "blocks one after the other"
     planned = [(b, c) for _, b, c in order if b < 3]
     assert sorted(c for b, c in planned if c is not None) == [0, 1, 2]
-    for block in range(3):  # every block: its control and one of the three replays with merges
-        assert [c for b, c in planned if b == block] .count(block) == 1
-        assert sum(c is None for b, c in planned if b == block) == 1
+    plan = _plan(vllm_project)
+    with_merges = len(plan["controllers"]) * (2 + plan["draws"])  # each controller, its draws and its cadence
+    per_block = [sum(c is None for b, c in planned if b == block) for block in range(3)]
+    for block in range(3):  # every block: its control and its share of the replays with merges, dealt in turn
+        assert [c for b, c in planned if b == block].count(block) == 1
+        assert per_block[block] in (with_merges // 3, -(-with_merges // 3))
+    assert sum(per_block) == with_merges
     assert len({json.dumps(s["slo"], sort_keys=True) for s in summaries}) == 1, "one SLO per seed"
     controls = [s for s in summaries if s["control"] is not None]
     assert len(controls) >= 3
@@ -197,8 +201,9 @@ def test_arrival_accuracy(vllm_project):
 
 
 def test_merge_work_and_merge_flags_only_inside_windows(vllm_project):
-    plan = json.loads((vllm_project / VLLM_SET / "plan.json").read_text())["regimes"]["bursty"]
+    plan = _plan(vllm_project)
     span, scale = plan["span_s"], plan["time_scale"]
+    merged = 0
     for rec in _replays(vllm_project).itertuples():
         schedule = json.loads((vllm_project / rec.schedule).read_text())
         windows = pd.read_csv(vllm_project / rec.path / "windows.csv")
@@ -216,6 +221,10 @@ def test_merge_work_and_merge_flags_only_inside_windows(vllm_project):
             expected |= (requests["send_s"] < w.end_s).to_numpy() & (end_s >= w.start_s).to_numpy()
         assert (requests["merge_active"].to_numpy() == expected).all()
         assert expected.any() == bool(starts)
+        if rec.policy != "no_sync":  # every schedule with merges replays one in its span (the request floor)
+            assert starts and requests["merge_active"].any()
+            merged += 1
+    assert merged == 3 * len(plan["controllers"])  # each controller, its draw and its cadence
 
 
 def test_server_merge_work_and_client_each_ran_on_their_own_cpus(vllm_project):
@@ -240,8 +249,9 @@ def test_server_merge_work_and_client_each_ran_on_their_own_cpus(vllm_project):
 
 
 def test_a_replay_beside_a_cpu_hog_is_retried_then_marked_machine_busy(tmp_path, tiny_raw, vllm_project):
+    # a 15 s span below the tiny floor, declared: this test measures nothing but the busy verdict
     params = load_params(make_project(tmp_path, tiny_raw(), budget_s=120, span_s=15, busy_retry_pause_s=1,
-                                      warmup_s=0))
+                                      warmup_s=0, min_requests=5, min_merge_active=0))
     borrow_profile(vllm_project, tmp_path)
     # a foreign process, not a child of this one (the stage's own tree never counts): started through a shell
     # that exits at once, so it is adopted elsewhere
@@ -285,7 +295,8 @@ def _group_members(pgid: int) -> list[int]:
 
 
 def test_a_server_that_dies_mid_run_fails_loudly_and_writes_no_summary(tmp_path, tiny_raw, vllm_project):
-    params = load_params(make_project(tmp_path, tiny_raw(), warmup_s=0, span_s=15))  # killed after one replay
+    params = load_params(make_project(tmp_path, tiny_raw(), warmup_s=0, span_s=15, min_requests=5,
+                                      min_merge_active=0))  # killed after one replay
     borrow_profile(vllm_project, tmp_path)
     out = tmp_path / "runs" / "replay-sets" / "vllm" / "bursty" / "seed-0"
 

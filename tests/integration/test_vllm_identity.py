@@ -160,6 +160,7 @@ def _port_listening(port: int) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.real_server
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 def test_killing_the_stage_leaves_no_server_behind(tmp_path, sig, tiny_raw):
     require_vllm_python()
