@@ -146,6 +146,44 @@ def test_killed_island_fails_fast_then_resume_reproduces_the_losses(reference, t
     assert json.loads((run / "metrics.json").read_text())["resumed"] is True
 
 
+def test_streaming_syncs_each_fragment_in_turn_and_a_killed_island_resumes_byte_identical(reference, tmp_path,
+                                                                                         monkeypatch, tiny_raw):
+    from syncsafe.diloco.fragments import cut_fragments
+    from syncsafe.diloco.outer import ParameterLayout, ring_all_reduce_bytes
+
+    one = tmp_path / "one-fragment"  # streaming with one fragment and alpha 0 is the full merge, byte for byte
+    train(make_project(one, tiny_raw(), sync={"mode": "streaming", "fragments": 1}), one, policies=["fixed_h"])
+    ours, full = train_dir(one, "bursty", "fixed_h", 0), train_dir(reference, "bursty", "fixed_h", 0)
+    files = sorted(p.relative_to(full) for p in full.rglob("*") if p.is_file())
+    assert files and [f for f in files if (ours / f).read_bytes() != (full / f).read_bytes()] == []
+
+    two = tmp_path / "two-fragments"
+    params_path = make_project(two, tiny_raw(), sync={"mode": "streaming", "fragments": 2})
+    train(params_path, two, policies=["fixed_h"])
+    run = train_dir(two, "bursty", "fixed_h", 0)
+    merges = pd.read_csv(run / "merges.csv")
+    assert merges["step"].tolist() == [8, 16] and merges["fragment"].tolist() == [0, 1]  # each fragment once
+    layout = ParameterLayout.of(_exported(run))
+    fragments = cut_fragments(layout.names, layout.numels, 2)
+    assert fragments[0].end < layout.total
+    assert merges["bytes_communicated"].tolist() == [ring_all_reduce_bytes(4 * (f.numel + 1), 2) for f in fragments]
+    streamed, whole = pd.read_csv(run / "losses.csv"), pd.read_csv(full / "losses.csv")
+    before = streamed["step"] <= 8  # identical up to the first merge; a half-model merge then differs
+    pd.testing.assert_frame_equal(streamed[before], whole[before])
+    assert not streamed[~before].equals(whole[~before])
+
+    again = tmp_path / "killed"
+    params_path = make_project(again, tiny_raw(), sync={"mode": "streaming", "fragments": 2})
+    monkeypatch.setenv("SYNCSAFE_FAULT", "1:10")  # after the merge of fragment 0 at step 8
+    with pytest.raises(IslandLost, match=r"island 1 killed by SIGKILL"):
+        train(params_path, again, policies=["fixed_h"])
+    monkeypatch.delenv("SYNCSAFE_FAULT")
+    train(params_path, again, policies=["fixed_h"], resume=True)
+    resumed = train_dir(again, "bursty", "fixed_h", 0)
+    pd.testing.assert_frame_equal(pd.read_csv(resumed / "losses.csv"), streamed)
+    pd.testing.assert_frame_equal(pd.read_csv(resumed / "merges.csv"), merges)
+
+
 def test_killed_island_continues_on_the_survivors(tmp_path, monkeypatch, tiny_raw):
     params_path = make_project(tmp_path, tiny_raw(), on_island_failure="continue")
     monkeypatch.setenv("SYNCSAFE_FAULT", "1:10")

@@ -1,14 +1,16 @@
 """The outer-step case both the in-process and the gloo tests check: a two-tensor model,
-seeded island deltas standing in for inner steps, and the outer steps computed by hand."""
+seeded island deltas standing in for inner steps, and the outer steps computed by hand; the fake
+all-reduce of in-process islands."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 import torch
 from torch import nn
 
-from syncsafe.diloco.outer import flatten_parameters
+from syncsafe.diloco.outer import AllReduceMean, flatten_parameters
 
 LR = 0.7
 MOMENTUM = 0.9
@@ -56,3 +58,22 @@ def hand_outer_steps(
         buf = averaged.clone() if buf is None else momentum * buf + averaged
         global_params = global_params - lr * (averaged + momentum * buf)
     return global_params
+
+
+class ThreadedAllReduce:
+    """Fake collective: each island's thread deposits its buffer; all get the list's mean."""
+
+    def __init__(self, num_islands: int) -> None:
+        self.barrier = threading.Barrier(num_islands, timeout=30)
+        self.deposits: list[torch.Tensor | None] = [None] * num_islands
+        self.mean: torch.Tensor | None = None
+
+    def for_island(self, island: int) -> AllReduceMean:
+        def all_reduce_mean(tensor: torch.Tensor) -> torch.Tensor:
+            self.deposits[island] = tensor.clone()
+            if self.barrier.wait() == 0:
+                self.mean = torch.stack(self.deposits).mean(dim=0)
+            self.barrier.wait()
+            return self.mean.clone()
+
+        return all_reduce_mean

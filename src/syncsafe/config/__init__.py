@@ -62,12 +62,13 @@ from syncsafe.config.sections import (
     ScoreWeights,
     SimulatorReplay,
     SloConfig,
+    SyncConfig,
     TrainConfig,
     VllmReplay,
 )
 from syncsafe.config.workload import BurstyRegime, PressureHeavyRegime, Regime, RequestShape, SteadyRegime, TraceRegime, TracesConfig
 
-__all__ = ["ABLATABLE_TERMS", "AnalysisConfig", "BurstyRegime", "CONTROLLER_POLICIES", "CalibratedConfig", "ConfigError", "ControlConfig", "FidelityTargets", "FixedHConfig", "ForecastConfig", "Fraction", "HarnessConfig", "HubSource", "LiveConfig", "LookaheadConfig", "MergeConfig", "ModelShape", "PolicyName", "PositiveFloat", "PressureGateConfig", "PressureHeavyRegime", "PrimaryTest", "RESERVED_SERVER_ARGS", "RandomDeferralConfig", "Regime", "ReplayConfig", "RequestShape", "SchedulesConfig", "ScoreWeights", "SimulatorReplay", "SloConfig", "SteadyRegime", "Strict", "TraceRegime", "TracesConfig", "TrainConfig", "VllmReplay", "BASE_PROFILE", "max_num_seqs", "policy_label", "split_policy", "Params", "load_params", "profile_label", "parse_params", "read_yaml"]
+__all__ = ["ABLATABLE_TERMS", "AnalysisConfig", "BurstyRegime", "CONTROLLER_POLICIES", "CalibratedConfig", "ConfigError", "ControlConfig", "FidelityTargets", "FixedHConfig", "ForecastConfig", "Fraction", "HarnessConfig", "HubSource", "LiveConfig", "LookaheadConfig", "MergeConfig", "ModelShape", "PolicyName", "PositiveFloat", "PressureGateConfig", "PressureHeavyRegime", "PrimaryTest", "RESERVED_SERVER_ARGS", "RandomDeferralConfig", "Regime", "ReplayConfig", "RequestShape", "SchedulesConfig", "ScoreWeights", "SimulatorReplay", "SloConfig", "SteadyRegime", "Strict", "SyncConfig", "TraceRegime", "TracesConfig", "TrainConfig", "VllmReplay", "BASE_PROFILE", "max_num_seqs", "policy_label", "split_policy", "Params", "load_params", "profile_label", "parse_params", "read_yaml"]
 
 # --------------------------------------------------------------------------- root
 

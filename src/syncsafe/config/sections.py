@@ -146,6 +146,28 @@ class HubSource(Strict):
     text_field: str = "text"
 
 
+class SyncConfig(Strict):
+    """How the islands sync at a merge (`syncsafe.diloco.outer`, `syncsafe.diloco.fragments`).
+
+    `full`: every parameter's pseudo-gradient in one all-reduce, then the outer step (DiLoCo). `streaming`
+    (Streaming DiLoCo): the model is cut into `fragments` contiguous layer groups and each merge syncs the next
+    fragment in turn, so with a merge every H/F steps every fragment syncs every H steps, at offsets f H/F;
+    after its outer step a fragment's local parameters become `fragment_update_alpha` x local +
+    (1 - alpha) x global (0: the global ones, as DiLoCo).
+    """
+
+    mode: Literal["full", "streaming"] = "full"
+    fragments: Annotated[int, Field(ge=1)] = 1
+    fragment_update_alpha: Annotated[float, Field(ge=0, lt=1)] = 0.0
+
+    @model_validator(mode="after")
+    def _streaming_only(self) -> SyncConfig:
+        if self.mode == "full" and (self.fragments != 1 or self.fragment_update_alpha):
+            raise ValueError(f"fragments ({self.fragments}) and fragment_update_alpha "
+                             f"({self.fragment_update_alpha:g}) are streaming settings: with mode full they are 1 and 0")
+        return self
+
+
 class TrainConfig(Strict):
     """Real DiLoCo training: islands, inner AdamW, outer Nesterov step, faults."""
 
@@ -183,9 +205,13 @@ class TrainConfig(Strict):
     #: model, tokenizer and dataset (hub ids or local directories). Also what the vLLM replay serves when
     #: there is no trained export.
     source: Literal["builtin", "hub"] = "builtin"
+    sync: SyncConfig = SyncConfig()
 
     @model_validator(mode="after")
     def _shapes(self) -> TrainConfig:
+        if self.source == "builtin" and self.sync.fragments > self.model.num_layers:
+            raise ValueError(f"sync.fragments ({self.sync.fragments}) exceeds model.num_layers "
+                             f"({self.model.num_layers}): a fragment holds one layer at least")
         if self.model.hidden_size % self.model.num_heads:
             raise ValueError(
                 f"model.hidden_size ({self.model.hidden_size}) must be a multiple of model.num_heads ({self.model.num_heads})"

@@ -18,7 +18,7 @@ import hashlib
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -29,7 +29,7 @@ from syncsafe.control.types import LearnerReport
 from syncsafe.diloco.checkpoint import TrainingCheckpoint, capture_rng_state, restore_rng_state
 from syncsafe.diloco.comm import torch_all_reduce_mean
 from syncsafe.diloco.model import causal_lm_loss, eval_loss
-from syncsafe.diloco.outer import MergeStats, OuterOptimizer
+from syncsafe.diloco.outer import MergeStats, OuterOptimizer, blocking_start
 
 CMD_TRAIN, CMD_MERGE, CMD_STOP = 1, 2, 3
 
@@ -81,6 +81,8 @@ class Island:
     batches: Callable[[int], torch.Tensor]
     tokens_per_step: int
     fault: Fault | None = None
+    #: Streaming DiLoCo's mix of a merged fragment's local and new global parameters (0: the global ones).
+    alpha: float = 0.0
     step: int = 0
     tokens_since_merge: int = 0
     tokens_seen: int = 0
@@ -117,24 +119,30 @@ class Island:
     def step_since_merge(self) -> int:
         return self.tokens_since_merge // self.tokens_per_step
 
-    def merge(self, token_weighted: bool) -> MergeStats:
-        """The outer step on every island, then a check that all islands hold the same weights."""
+    @property
+    def next_fragment(self) -> int:
+        """The fragment the next merge syncs: each in turn (always 0 for a whole-model merge)."""
+        return self.outer.merges_done % len(self.outer.fragments)
+
+    def merge(self, token_weighted: bool, fragment: int = 0) -> MergeStats:
+        """The outer step of `fragment` on every island, then a check that all islands hold the same weights
+        (the local ones after a whole-model merge, else the global ones: the other fragments' local parameters
+        have trained apart)."""
         weight = float(self.tokens_since_merge) if token_weighted else 1.0
-        stats = self.outer.merge(self.model, torch_all_reduce_mean(device=_collective_device(self.model)), weight=weight)
+        start = blocking_start(torch_all_reduce_mean(device=_collective_device(self.model)))
+        stats = self.outer.finish(self.model, self.outer.launch(self.model, start, weight, fragment), self.alpha)
         self.tokens_since_merge = 0
         digests: list[str] = [""] * dist.get_world_size()
-        dist.all_gather_object(digests, self.weights_digest())
+        whole = len(self.outer.fragments) == 1 and not self.alpha
+        dist.all_gather_object(digests, self.weights_digest() if whole else _digest([self.outer.global_flat]))
         if len(set(digests)) != 1:
             raise RuntimeError(f"island {self.island_id}: islands hold different weights after merge "
                                f"{self.outer.merges_done}: {digests}")
         return stats
 
     def weights_digest(self) -> str:
-        """sha256 of the local parameters (equal on every island right after a merge)."""
-        digest = hashlib.sha256()
-        for p in self.model.parameters():
-            digest.update(p.detach().cpu().float().numpy().tobytes())
-        return digest.hexdigest()
+        """sha256 of the local parameters (equal on every island right after a whole-model merge)."""
+        return _digest(self.model.parameters())
 
     def eval_loss(self, batches: list[torch.Tensor]) -> float:
         return eval_loss(self.model, batches)
@@ -163,6 +171,13 @@ class Island:
         self.tokens_seen = ckpt.tokens_seen
         self.losses = [(int(s), float(v)) for s, v in ckpt.extra["losses"]]
         self.tokens_since_merge = int(ckpt.extra["tokens_since_merge"])
+
+
+def _digest(tensors: Iterable[torch.Tensor]) -> str:
+    digest = hashlib.sha256()
+    for t in tensors:
+        digest.update(t.detach().cpu().float().numpy().tobytes())
+    return digest.hexdigest()
 
 
 def _collective_device(model: torch.nn.Module) -> torch.device | None:
@@ -249,9 +264,10 @@ class DistributedLearners:
         return reports
 
     def merge(self) -> None:
-        self.channel.send(CMD_MERGE)
+        fragment = self.island.next_fragment
+        self.channel.send(CMD_MERGE, fragment)
         self.channel.settle()
-        self.on_merged(self.island.merge(self.token_weighted))
+        self.on_merged(self.island.merge(self.token_weighted, fragment))
 
     def stop(self) -> None:
         self.channel.send(CMD_STOP)
@@ -268,7 +284,10 @@ def follow(island: Island, token_weighted: bool, on_merged: Callable[[MergeStats
             continue
         channel.settle()
         if cmd == CMD_MERGE:
-            on_merged(island.merge(token_weighted))
+            if arg != island.next_fragment:  # pragma: no cover - protocol violation
+                raise RuntimeError(f"island {island.island_id}: told to merge fragment {arg}, its next is "
+                                   f"{island.next_fragment}")
+            on_merged(island.merge(token_weighted, arg))
         elif cmd == CMD_STOP:
             return
         else:  # pragma: no cover - protocol violation

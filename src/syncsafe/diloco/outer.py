@@ -17,10 +17,21 @@ The module knows nothing about process groups: the caller injects
 ``torch.distributed`` one). Every island runs the same arithmetic on the same
 reduced buffer, so global parameters stay bit-identical across islands.
 
-The global parameters are held as one flat fp32 vector (a single
-``nn.Parameter``). SGD is elementwise, so this is the same update as one SGD
-over per-tensor copies, with one optimizer kernel and no (un)flatten of the
-global side; named per-tensor views are available for export.
+The global parameters are held as one flat fp32 vector. SGD is elementwise,
+so this is the same update as one SGD over per-tensor copies, with one
+optimizer kernel and no (un)flatten of the global side; named per-tensor views
+are available for export.
+
+Streaming DiLoCo (`train.sync.mode: streaming`) merges one *fragment*
+(`syncsafe.diloco.fragments`) per sync event: each fragment is a contiguous
+range of the flat vector with its own ``nn.Parameter`` view (so its own
+momentum) and its own all-reduce buffer; a merge of fragment f touches that
+range alone. One fragment is the whole model: the same arithmetic, byte for
+byte, as the full merge. A merge is `launch` (pseudo-gradient, all-reduce
+started) then `finish` (average, outer step, local update); `finish` may come
+``fragment_sync_delay`` inner steps later, the islands training meanwhile, and
+mixes the fragment's local parameters with the new global ones
+(``local = alpha * local + (1 - alpha) * global``; alpha 0 overwrites them).
 """
 
 from __future__ import annotations
@@ -35,7 +46,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from syncsafe.diloco.fragments import Fragment, cut_fragments
+
 AllReduceMean = Callable[[torch.Tensor], torch.Tensor]
+#: Starts an all-reduce mean of a tensor; the callable it returns waits for the result (`comm.start_all_reduce_mean`).
+AllReduceStart = Callable[[torch.Tensor], Callable[[], torch.Tensor]]
 
 DEFAULT_OUTER_LR = 0.7
 DEFAULT_OUTER_MOMENTUM = 0.9
@@ -54,9 +69,24 @@ class MergeStats:
     wall_time_s: float
     local_pseudo_gradient_norm: float
     averaged_pseudo_gradient_norm: float
+    #: The fragment merged (0: the whole model when there is one).
+    fragment: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass
+class PendingSync:
+    """A launched merge of one fragment: its all-reduce in flight until `OuterOptimizer.finish`."""
+
+    fragment: int
+    wait: Callable[[], torch.Tensor]
+    weight: float
+    local_norm: float
+    started: float
+    #: Inner steps trained since the launch (the islands keep training while the all-reduce runs).
+    steps_done: int = 0
 
 
 @dataclass(frozen=True)
@@ -85,6 +115,15 @@ class ParameterLayout:
         return {name: piece.view(shape) for name, shape, piece in zip(self.names, self.shapes, pieces)}
 
 
+def blocking_start(all_reduce_mean: AllReduceMean) -> AllReduceStart:
+    """A blocking all-reduce as a started one whose result is ready at once."""
+    def start(buffer: torch.Tensor) -> Callable[[], torch.Tensor]:
+        reduced = all_reduce_mean(buffer)
+        return lambda: reduced
+
+    return start
+
+
 def ring_all_reduce_bytes(payload_bytes: int, num_islands: int) -> int:
     """Bytes each island sends in a ring all-reduce of ``payload_bytes``: 2·n·(W−1)/W."""
     if num_islands < 1:
@@ -104,6 +143,24 @@ def flatten_parameters(model: nn.Module, out: torch.Tensor | None = None) -> tor
     return out
 
 
+def _flatten_range(model: nn.Module, fragment: Fragment, out: torch.Tensor) -> torch.Tensor:
+    """`fragment`'s parameters of ``model`` as one flat fp32 vector, into ``out``."""
+    offset = 0
+    for p in list(model.parameters())[fragment.first_param : fragment.end_param]:
+        out[offset : offset + p.numel()].copy_(p.detach().reshape(-1))
+        offset += p.numel()
+    return out
+
+
+def _assign_range(model: nn.Module, fragment: Fragment, flat: torch.Tensor) -> None:
+    """Overwrite `fragment`'s parameters of ``model`` from its flat range."""
+    offset = 0
+    with torch.no_grad():
+        for p in list(model.parameters())[fragment.first_param : fragment.end_param]:
+            p.copy_(flat[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+
 def assign_parameters(model: nn.Module, flat: torch.Tensor) -> None:
     """Overwrite ``model``'s parameters from a flat vector (casting to their dtype/device)."""
     params = list(model.parameters())
@@ -118,7 +175,7 @@ def assign_parameters(model: nn.Module, flat: torch.Tensor) -> None:
 
 
 class OuterOptimizer:
-    """Global parameters of one island plus the outer Nesterov SGD that updates them."""
+    """Global parameters of one island plus the outer Nesterov SGD that updates them, fragment by fragment."""
 
     def __init__(
         self,
@@ -127,21 +184,30 @@ class OuterOptimizer:
         lr: float = DEFAULT_OUTER_LR,
         momentum: float = DEFAULT_OUTER_MOMENTUM,
         nesterov: bool = True,
+        fragments: int = 1,
     ) -> None:
         if num_islands < 1:
             raise ValueError(f"num_islands must be >= 1, got {num_islands}")
         self.layout = ParameterLayout.of(model)
         self.num_islands = num_islands
-        self.global_flat = nn.Parameter(flatten_parameters(model))
-        self.sgd = torch.optim.SGD([self.global_flat], lr=lr, momentum=momentum, nesterov=nesterov)
+        self.fragments: list[Fragment] = cut_fragments(self.layout.names, self.layout.numels, fragments)
+        self.global_flat = flatten_parameters(model)
+        #: One leaf view of `global_flat` per fragment: the outer step updates the flat vector in place.
+        self.fragment_params = [nn.Parameter(self.global_flat[f.start:f.end]) for f in self.fragments]
+        self.sgd = torch.optim.SGD(self.fragment_params, lr=lr, momentum=momentum, nesterov=nesterov)
         self.merges_done = 0
-        # Reused each merge: weighted pseudo-gradient followed by the weight itself.
-        self._send_buffer = torch.empty(self.layout.total + 1, dtype=torch.float32)
+        # Reused each merge of a fragment: its weighted pseudo-gradient followed by the weight itself.
+        self._send_buffers = [torch.empty(f.numel + 1, dtype=torch.float32) for f in self.fragments]
+
+    def payload_bytes_of(self, fragment: int = 0) -> int:
+        """Size of the one all-reduce buffer of a merge of `fragment`."""
+        buffer = self._send_buffers[fragment]
+        return buffer.numel() * buffer.element_size()
 
     @property
     def payload_bytes(self) -> int:
-        """Size of the single all-reduce buffer of one merge."""
-        return self._send_buffer.numel() * self._send_buffer.element_size()
+        """Size of the all-reduce buffer of a whole-model merge (the first fragment's when there are several)."""
+        return self.payload_bytes_of(0)
 
     def global_state_dict(self) -> dict[str, torch.Tensor]:
         """The global parameters by name (views; copy before mutating)."""
@@ -151,8 +217,9 @@ class OuterOptimizer:
         """``global - local`` as a flat fp32 vector."""
         return self.global_flat.detach() - flatten_parameters(local_model)
 
-    def merge(self, local_model: nn.Module, all_reduce_mean: AllReduceMean, weight: float = 1.0) -> MergeStats:
-        """Average pseudo-gradients across islands, take the outer step, reset the local model.
+    def merge(self, local_model: nn.Module, all_reduce_mean: AllReduceMean, weight: float = 1.0,
+              fragment: int = 0) -> MergeStats:
+        """Average pseudo-gradients across islands, take the outer step, reset the local model (`fragment` of it).
 
         ``weight`` is this island's share before normalisation (e.g. tokens
         trained since the last merge; equal weights give the plain mean). The
@@ -160,38 +227,53 @@ class OuterOptimizer:
         the averaged pseudo-gradient is ``sum_i w_i pg_i / sum_i w_i`` from a
         single collective. Every island must call this together.
         """
+        return self.finish(local_model, self.launch(local_model, blocking_start(all_reduce_mean), weight, fragment))
+
+    def launch(self, local_model: nn.Module, start: AllReduceStart, weight: float = 1.0,
+               fragment: int = 0) -> PendingSync:
+        """The merge of `fragment` up to its all-reduce: this island's weighted pseudo-gradient, sent."""
         if not (math.isfinite(weight) and weight >= 0.0):
             raise ValueError(f"merge weight must be finite and >= 0, got {weight}")
         started = time.perf_counter()
-        n = self.layout.total
-        pseudo_gradient = self._send_buffer[:n]
-        flatten_parameters(local_model, out=pseudo_gradient)
-        torch.sub(self.global_flat.detach(), pseudo_gradient, out=pseudo_gradient)
+        frag = self.fragments[fragment]
+        buffer = self._send_buffers[fragment]
+        pseudo_gradient = buffer[: frag.numel]
+        _flatten_range(local_model, frag, pseudo_gradient)
+        torch.sub(self.global_flat.detach()[frag.start : frag.end], pseudo_gradient, out=pseudo_gradient)
         local_norm = float(pseudo_gradient.norm())
         pseudo_gradient.mul_(weight)
-        self._send_buffer[n] = weight
+        buffer[frag.numel] = weight
+        return PendingSync(fragment, start(buffer), float(weight), local_norm, started)
 
-        reduced = all_reduce_mean(self._send_buffer).to(device="cpu", dtype=torch.float32)
-        averaged = self._average_from(reduced)
-
-        self.global_flat.grad = averaged
+    def finish(self, local_model: nn.Module, pending: PendingSync, alpha: float = 0.0) -> MergeStats:
+        """The rest of a launched merge: the averaged pseudo-gradient, the outer step of its fragment, and the
+        fragment's local parameters set to ``alpha * local + (1 - alpha) * global`` (alpha 0: the global ones)."""
+        frag = self.fragments[pending.fragment]
+        reduced = pending.wait().to(device="cpu", dtype=torch.float32)
+        averaged = self._average_from(reduced, frag.numel)
+        param = self.fragment_params[pending.fragment]
+        param.grad = averaged
         self.sgd.step()
-        self.global_flat.grad = None
-        assign_parameters(local_model, self.global_flat.detach())
+        param.grad = None
+        merged = self.global_flat.detach()[frag.start : frag.end]
+        if alpha:
+            merged = alpha * _flatten_range(local_model, frag, torch.empty(frag.numel)) + (1.0 - alpha) * merged
+        _assign_range(local_model, frag, merged)
         self.merges_done += 1
+        payload = self.payload_bytes_of(pending.fragment)
         return MergeStats(
             merge_index=self.merges_done - 1,
             num_islands=self.num_islands,
-            weight=float(weight),
-            payload_bytes=self.payload_bytes,
-            bytes_communicated=ring_all_reduce_bytes(self.payload_bytes, self.num_islands),
-            wall_time_s=time.perf_counter() - started,
-            local_pseudo_gradient_norm=local_norm,
+            weight=pending.weight,
+            payload_bytes=payload,
+            bytes_communicated=ring_all_reduce_bytes(payload, self.num_islands),
+            wall_time_s=time.perf_counter() - pending.started,
+            local_pseudo_gradient_norm=pending.local_norm,
             averaged_pseudo_gradient_norm=float(averaged.norm()),
+            fragment=pending.fragment,
         )
 
-    def _average_from(self, reduced: torch.Tensor) -> torch.Tensor:
-        n = self.layout.total
+    def _average_from(self, reduced: torch.Tensor, n: int) -> torch.Tensor:
         if reduced.shape != (n + 1,):
             raise ValueError(f"all_reduce_mean returned shape {tuple(reduced.shape)}, expected ({n + 1},)")
         mean_weight = float(reduced[n])
@@ -200,9 +282,10 @@ class OuterOptimizer:
         return reduced[:n] / mean_weight
 
     def state_dict(self) -> dict[str, Any]:
-        """Global parameters, momentum buffer and counters, for checkpoints (copies, not views)."""
+        """Global parameters, momentum buffers and counters, for checkpoints (copies, not views)."""
         return {
             "format": STATE_FORMAT,
+            "fragments": len(self.fragments),
             "names": list(self.layout.names),
             "shapes": [list(shape) for shape in self.layout.shapes],
             "num_islands": self.num_islands,
@@ -223,6 +306,9 @@ class OuterOptimizer:
         saved_layout = ParameterLayout(tuple(state["names"]), tuple(tuple(s) for s in state["shapes"]))
         if saved_layout != self.layout:
             raise ValueError("outer optimizer state was saved for a different model (parameter names/shapes differ)")
+        if state.get("fragments", 1) != len(self.fragments):
+            raise ValueError(f"outer state is for {state.get('fragments', 1)} fragment(s), this run has "
+                             f"{len(self.fragments)} (train.sync.fragments)")
         if state["num_islands"] != self.num_islands and not islands_may_change:
             raise ValueError(f"outer state is for {state['num_islands']} islands, this run has {self.num_islands}")
         with torch.no_grad():

@@ -51,11 +51,13 @@ from syncsafe.artifacts.train_runs import (
     write_timing,
 )
 from syncsafe.config import Params
+from syncsafe.errors import BadInput
 from syncsafe.control.controller import ControlResult, run_controller
 from syncsafe.control.policies import Policy, build_policy
 from syncsafe.control.signals import TimelineSignals
 from syncsafe.diloco.checkpoint import load_checkpoint, save_checkpoint
 from syncsafe.diloco.export import export_global_model
+from syncsafe.diloco.fragments import FragmentError
 from syncsafe.diloco.islands import DistributedLearners, Fault, Island, follow
 from syncsafe.diloco.outer import MergeStats, OuterOptimizer, assign_parameters
 from syncsafe.schedules.schedule import Schedule, write_schedule
@@ -109,10 +111,14 @@ def make_island(params: Params, world: World, res: Resources, seed: int, fault: 
     cfg = params.train
     model = res.build_model(seed)
     inner = torch.optim.AdamW(model.parameters(), lr=cfg.inner_lr, weight_decay=cfg.weight_decay)
-    outer = OuterOptimizer(model, num_islands=world.world_size, lr=cfg.outer_lr, momentum=cfg.outer_momentum)
+    try:
+        outer = OuterOptimizer(model, num_islands=world.world_size, lr=cfg.outer_lr, momentum=cfg.outer_momentum,
+                               fragments=cfg.sync.fragments)
+    except FragmentError as err:
+        raise BadInput(str(err)) from None
     return Island(island_id=world.island_id, model=model, inner=inner, outer=outer,
                   batches=res.batches_for(world.island_id, world.num_islands, seed, 0),
-                  tokens_per_step=cfg.batch_size * cfg.seq_len, fault=fault)
+                  tokens_per_step=cfg.batch_size * cfg.seq_len, fault=fault, alpha=cfg.sync.fragment_update_alpha)
 
 
 def train_run(params: Params, regime: str, policy_name: str, seed: int, root: Path, world: World,

@@ -6,7 +6,6 @@ case over real ``torch.distributed`` gloo processes: tests/integration/test_oute
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -14,32 +13,13 @@ import pytest
 import torch
 from torch import nn
 
-from outer_case import LR, MOMENTUM, hand_outer_steps, island_delta, make_model, train_island
+from outer_case import LR, MOMENTUM, ThreadedAllReduce, hand_outer_steps, island_delta, make_model, train_island
 from syncsafe.diloco.outer import (
-    AllReduceMean,
     MergeStats,
     OuterOptimizer,
     flatten_parameters,
     ring_all_reduce_bytes,
 )
-
-class ThreadedAllReduce:
-    """Fake collective: each island's thread deposits its buffer; all get the list's mean."""
-
-    def __init__(self, num_islands: int) -> None:
-        self.barrier = threading.Barrier(num_islands, timeout=30)
-        self.deposits: list[torch.Tensor | None] = [None] * num_islands
-        self.mean: torch.Tensor | None = None
-
-    def for_island(self, island: int) -> AllReduceMean:
-        def all_reduce_mean(tensor: torch.Tensor) -> torch.Tensor:
-            self.deposits[island] = tensor.clone()
-            if self.barrier.wait() == 0:
-                self.mean = torch.stack(self.deposits).mean(dim=0)
-            self.barrier.wait()
-            return self.mean.clone()
-
-        return all_reduce_mean
 
 
 def merge_all(
