@@ -186,3 +186,29 @@ def test_calling_into_a_missing_namespace_is_one_line_naming_it() -> None:
     with pytest.raises(TeamError, match=r"^network namespace sstm-nowhere not found \(/run/netns/sstm-nowhere\)"):
         call_in("sstm-nowhere", lambda: None)
     assert Placement.single().call(lambda x: x + 1, 1) == 2
+
+
+def test_status_env_writes_the_settings_owner_only_and_prints_only_their_path(tmp_path: Path) -> None:
+    """`status --env` used to print every Airflow setting, the metadata DB's password, the broker's and the
+    signing keys among them, to stdout (terminals and CI logs keep it)."""
+    import stat
+
+    from typer.testing import CliRunner
+
+    from syncsafe.team.__main__ import app
+
+    layout = _layout(tmp_path)
+    layout.root.mkdir(parents=True)
+    state = _state(Placement.single())
+    state["secrets"]["fernet_key"] = "f$(touch pwned)'" + "f" * 28  # nothing in a value may expand when sourced
+    stack.save(layout, state)
+    result = CliRunner().invoke(app, ["status", "--env", "--dir", str(layout.root)])
+    assert result.exit_code == 0, result.output
+    path = layout.root / stack.ENV_FILE
+    assert result.output.strip().endswith(f". {path}") and stat.S_IMODE(path.stat().st_mode) == 0o600
+    for secret in state["secrets"].values():
+        assert secret not in result.output
+    sourced = subprocess.run(["bash", "-c", f'set -e; . "{path}"; printf %s "$AIRFLOW__CORE__FERNET_KEY"'],
+                             capture_output=True, text=True, cwd=tmp_path, check=True)
+    assert sourced.stdout == state["secrets"]["fernet_key"] and not (tmp_path / "pwned").exists()
+    assert stack.env(layout, state)["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] in path.read_text()

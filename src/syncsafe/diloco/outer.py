@@ -28,10 +28,11 @@ range of the flat vector with its own ``nn.Parameter`` view (so its own
 momentum) and its own all-reduce buffer; a merge of fragment f touches that
 range alone. One fragment is the whole model: the same arithmetic, byte for
 byte, as the full merge. A merge is `launch` (pseudo-gradient, all-reduce
-started) then `finish` (average, outer step, local update); `finish` may come
-``fragment_sync_delay`` inner steps later, the islands training meanwhile, and
-mixes the fragment's local parameters with the new global ones
+started) then `finish` (average, outer step, local update), which mixes the
+fragment's local parameters with the new global ones
 (``local = alpha * local + (1 - alpha) * global``; alpha 0 overwrites them).
+The islands finish every merge at once (`blocking_start`); the split is where
+a sync that overlaps the next inner steps will finish later.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from torch import nn
 from syncsafe.diloco.fragments import Fragment, cut_fragments
 
 AllReduceMean = Callable[[torch.Tensor], torch.Tensor]
-#: Starts an all-reduce mean of a tensor; the callable it returns waits for the result (`comm.start_all_reduce_mean`).
+#: Starts an all-reduce mean of a tensor; the callable it returns waits for the result (`blocking_start`).
 AllReduceStart = Callable[[torch.Tensor], Callable[[], torch.Tensor]]
 
 DEFAULT_OUTER_LR = 0.7
@@ -85,8 +86,6 @@ class PendingSync:
     weight: float
     local_norm: float
     started: float
-    #: Inner steps trained since the launch (the islands keep training while the all-reduce runs).
-    steps_done: int = 0
 
 
 @dataclass(frozen=True)

@@ -77,7 +77,8 @@ def down(dir: DirOpt = None) -> None:
 @app.command()
 def status(
     dir: DirOpt = None,
-    env: Annotated[bool, typer.Option("--env", help="print the Airflow settings as shell exports")] = False,
+    env: Annotated[bool, typer.Option("--env", help="write the Airflow settings as shell exports to an owner-only "
+                                                    "file and print its path")] = False,
 ) -> None:
     """Each part (running or not, log), the URLs; exit 1 unless everything runs."""
     layout = stack.Layout.at(dir)
@@ -85,8 +86,8 @@ def status(
         state = stack.load(layout)
         if not state:
             _fail(TeamError(f"no team setup in {layout.root}"))
-        for key, value in stack.env(layout, state).items():
-            typer.echo(f"export {key}={json.dumps(value)}")
+        path = stack.write_env_file(layout, state)  # secrets inside: never on stdout
+        typer.echo(f"the Airflow settings (secrets included, owner-only): {path}; in a shell: . {path}")
         return
     if not _print_status(layout):
         raise typer.Exit(EXIT_FAILED)

@@ -24,6 +24,7 @@ import base64
 import json
 import os
 import secrets
+import shlex
 import socket
 import subprocess
 from collections.abc import Mapping
@@ -42,6 +43,8 @@ REPO = Path(__file__).resolve().parents[3]
 STATE = "team.json"
 REDIS_CONF = "redis.conf"
 MLFLOW_AUTH_CONF = "mlflow-auth.ini"
+#: The Airflow settings as shell exports (`status --env`), owner-only.
+ENV_FILE = "airflow.env"
 #: The MLflow server's users: its admin (the setup's own), and the one every stage process logs as.
 MLFLOW_ADMIN, MLFLOW_STAGE_USER = "admin", "stage"
 PREFERRED = {"airflow": 8080, "mlflow": 5000, "postgres": 5432, "redis": 6379}
@@ -128,7 +131,7 @@ def broker_url(state: Mapping[str, Any]) -> str:
 
 
 def env(layout: Layout, state: Mapping[str, Any]) -> dict[str, str]:
-    """The Airflow configuration of this setup (what ``status --env`` prints for a shell)."""
+    """The Airflow configuration of this setup (what ``status --env`` writes for a shell, `write_env_file`)."""
     c = postgres.cluster(layout.pg)
     s, p, addr = state["secrets"], state["ports"], placement(state).address
     return af.airflow_env(
@@ -138,6 +141,16 @@ def env(layout: Layout, state: Mapping[str, Any]) -> dict[str, str]:
         mlflow_login=(MLFLOW_STAGE_USER, s["mlflow_stage"]) if "mlflow_stage" in s else None,  # older team.json
         secrets=s, scheduled=state.get("scheduled", False), extra=state.get("extra_env", {}), api_host=addr,
     )
+
+
+def write_env_file(layout: Layout, state: Mapping[str, Any]) -> Path:
+    """`env` as shell exports (values single-quoted: nothing in them expands) in an owner-only file of the state
+    folder, for a shell to source: the settings carry the metadata DB's password, the broker's and the signing
+    keys, so they are never printed."""
+    path = layout.root / ENV_FILE
+    write_text(path, "".join(f"export {key}={shlex.quote(value)}\n" for key, value in env(layout, state).items()),
+               mode=0o600)
+    return path
 
 
 def commands(layout: Layout, state: Mapping[str, Any], redis: str = "redis-server") -> dict[str, list[str]]:
