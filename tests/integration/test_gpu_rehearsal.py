@@ -113,6 +113,22 @@ def test_bad_input_an_island_finds_is_exit_2_naming_it_not_a_lost_island(tmp_pat
     assert "fewer than" in result.output and "documents" in result.output and "island lost" not in result.output
 
 
+@pytest.mark.slow
+def test_more_fragments_than_the_hub_model_has_layers_is_exit_2_naming_the_key(tmp_path, monkeypatch):
+    """The builtin model's layers are known when params are read; a hub model's only once an island loads it."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    params = _gpu_params(tmp_path)  # a 2-layer hub Llama
+    raw = yaml.safe_load(params.read_text())
+    raw["train"]["sync"] = {"mode": "streaming", "fragments": 3}
+    params.write_text(yaml.safe_dump(raw))
+    root = tmp_path / "project"
+    assert CliRunner().invoke(app, ["traces", "--params", str(params), "--root", str(root)]).exit_code == 0
+    result = CliRunner().invoke(app, ["train", "--params", str(params), "--root", str(root)])
+    assert result.exit_code == 2, result.output
+    assert "train.sync.fragments 3: the model has 2 decoder layers" in result.output
+    assert "island lost" not in result.output
+
+
 def test_local_dataset_shards_round_robin_and_repeat(tmp_path):
     data = _dataset(tmp_path / "data", n_docs=5)
     docs = [json.loads(line)["text"] for line in (data / "part-000.jsonl").read_text().splitlines()]
