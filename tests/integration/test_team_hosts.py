@@ -16,6 +16,7 @@ is missing, the tests skip, except under CI, where they fail.
 from __future__ import annotations
 
 import os
+import sys
 
 import psutil
 import pytest
@@ -97,6 +98,31 @@ def test_a_listens_on_its_fleet_address_only_and_b_not_at_all(team: stack.Layout
     # b runs only the gpu Celery worker: it connects out to a (broker, result backend, execution API,
     # MLflow) and serves nothing; its log server is off (it would bind every interface)
     assert _listeners("b") == set()
+
+
+_REFUSED = """
+import socket, sys
+from urllib.parse import urlsplit
+from syncsafe.team import mlflow_auth
+mlflow, redis = sys.argv[1:3]
+print(mlflow_auth.answers(mlflow, None))
+where = urlsplit(redis)
+with socket.create_connection((where.hostname, where.port), timeout=10) as sock:
+    sock.sendall(b"PING\\r\\n")
+    print(sock.recv(64).decode().strip())
+"""
+
+
+def test_a_client_on_b_without_credentials_is_refused_by_mlflow_and_redis_on_a(team: stack.Layout) -> None:
+    """The one-machine tests check the same from loopback; here from the other host, over the fleet's links."""
+    urls = stack.urls(stack.load(team))
+    done = netns.run_on(FLEET, "b", [sys.executable, "-c", _REFUSED, urls["mlflow"], urls["redis"]],
+                        capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    status, reply = done.stdout.splitlines()[:2]
+    assert A in urls["mlflow"] and A in urls["redis"]
+    assert status == "401", "the MLflow server on a answered b without a login"
+    assert reply.startswith("-NOAUTH"), "Redis on a answered b without its password"
 
 
 def test_nightly_runs_train_on_host_bs_gpu_worker(nightly) -> None:
