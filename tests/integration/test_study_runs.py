@@ -6,22 +6,29 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
+import psutil
 import pytest
 from project_copy import GIT_IDENTITY, study_project
 
 pytestmark = pytest.mark.slow
 
 
-def _cli(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SYNCSAFE_", "MLFLOW_", "DVC_"))}
     env.update(GIT_IDENTITY, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    return subprocess.run([sys.executable, "-m", "syncsafe.cli", *args, "--root", "."], cwd=project, env=env,
+    return env
+
+
+def _cli(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "syncsafe.cli", *args, "--root", "."], cwd=project, env=_env(),
                           capture_output=True, text=True, timeout=1500)
 
 
@@ -100,3 +107,53 @@ def test_a_study_with_untracked_code_refuses_to_start(ran):
     finally:
         (project / "src" / "syncsafe" / "untracked_helper.py").unlink()
     assert done.returncode == 2 and "untracked_helper.py" in done.stderr and "git add" in done.stderr
+
+
+def _in_project(project: Path) -> list[psutil.Process]:
+    """Processes whose working directory is the project or one of DVC's temporary experiment copies in it."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if Path(proc.cwd()).is_relative_to(project):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, FileNotFoundError):
+            pass
+    return found
+
+
+def _running_stage(project: Path) -> bool:
+    for proc in _in_project(project):
+        try:
+            if any(part.startswith("stages/") for part in proc.cmdline()):
+                return True
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return False
+
+
+def test_sigterm_of_a_running_study_stops_dvc_s_queue_worker_and_exits_143(tmp_path, tiny_raw):
+    """DVC's queue worker is its own process: before, a SIGTERM of `study run` left it running the points."""
+    project = study_project(Path(__file__).resolve().parents[2], tmp_path / "study", tiny_raw())
+    study = subprocess.Popen([sys.executable, "-m", "syncsafe.cli", "study", "run", "tiny", "--root", "."],
+                             cwd=project, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 600
+        # ready when the queue runs a point: one of its stage scripts is running in the project
+        while time.monotonic() < deadline and study.poll() is None and not _running_stage(project):
+            time.sleep(0.2)
+        assert study.poll() is None, "the study ended before its queue ran: " + study.communicate()[1][-2000:]
+        study.send_signal(signal.SIGTERM)
+        out, err = study.communicate(timeout=300)
+    finally:
+        if study.poll() is None:
+            study.kill()
+    assert study.returncode == 143, out[-2000:] + err[-2000:]
+    assert err.strip().splitlines() == ["error: terminated (SIGTERM)"]
+    assert "interrupted: stopping DVC's queue worker" in out
+    deadline = time.monotonic() + 60  # the killed worker's children may take a moment to be reaped
+    while _in_project(project) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _in_project(project) == [], "a DVC process outlived the study"
+    queue = subprocess.run([sys.executable, "-m", "dvc", "queue", "status"], cwd=project, env=_env(),
+                           capture_output=True, text=True, timeout=120)
+    assert "Queued" not in queue.stdout and "Running" not in queue.stdout, queue.stdout
