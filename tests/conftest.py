@@ -1,4 +1,5 @@
-"""Shared fixtures: small params for fast pipeline runs."""
+"""Shared fixtures: small params for fast pipeline runs; one lock per group of test files that share a machine-wide
+resource (network namespaces) when the tests run on several workers."""
 
 from __future__ import annotations
 
