@@ -236,7 +236,8 @@ def _plan_lines(root: Path, alpha: float | None = None) -> str:
             f"{p['draws']} span-matched draws and {p['controls']} no-sync controls; planned gate power "
             f"{(p.get('power') or 0.0):.0%} (target {plan.get('power_target', 0.8):.0%})"
             + _planned_floor(len(p["fit_seeds"]) + len(p["held_out_seeds"]), int(p["draws"]), alpha)
-            + (f"; left out for the budget: {', '.join(p['left_out'])}" if p.get("left_out") else ""))
+            + (f"; left out (no span the budget pays for measures them): {', '.join(p['left_out'])}"
+               if p.get("left_out") else ""))
     placement = plan.get("placement") or {}
     if placement:
         lines.append(f"- placement: {placement.get('mode')} (client CPUs {placement.get('client_cpus')}, server and "

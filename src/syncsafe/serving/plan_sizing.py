@@ -23,7 +23,8 @@ merges: enough to estimate a p95 per replay); regimes in order while their plann
 time (replays x (span / time_scale + `OVERHEAD_S`)) fits `budget_s` (a regime
 that does not fit is left out with the reason, never replayed on a span that
 cannot measure it), with as many draws as fit; then the controllers of
-`replay.vllm.policies`, in order, while the budget allows; what is left of the
+`replay.vllm.policies`, in order, while the budget allows a span where each
+of them is informative and meets the request floor too; what is left of the
 budget then lengthens every span alike. The first regime is the declared
 primary's (`vllm_plan.vllm_regimes`): when it has a powered span that the
 budget cannot pay for, sizing fails (`PlanError`, naming the budget it
@@ -264,7 +265,8 @@ def size_plans(designs: dict[str, RegimeDesign], controllers: list[str], budget_
        at its shortest powered span where its real comparison with random carries information on every
        planned seed (`informative`), while the budget allows; the number of draws (from `max_draws`
        down to `MIN_DRAWS`) that lets the most regimes in, the most draws on a tie;
-    2. the further controllers, in order, while the budget allows;
+    2. the further controllers, in order, while the budget allows a span where each of them, too, is
+       informative and meets the request floor (a controller whose merges the span misses is not replayed);
     3. what is left of the budget lengthens every span alike.
     A regime that does not fit is left out, with the reason, rather than replayed on a span that
     cannot measure it; the first regime (the primary's) never is: `PlanError` when it has no span
@@ -272,7 +274,8 @@ def size_plans(designs: dict[str, RegimeDesign], controllers: list[str], budget_
     it alone gets the longest informative span the budget allows, with one draw,
     and its plan says how much power that buys (the gate will then report *underpowered* when it does
     not pass). A fixed span (`fixed_span_s`) is used as given, powered or not, but never below the request
-    floor: a regime whose planned replays it leaves short is left out with the reason, the first one fails.
+    floor: a regime whose planned replays it leaves short is left out with the reason, the first one fails,
+    and a further controller whose replays it leaves short is not added.
     """
     cache: dict[tuple[str, int, int, float], GatePower] = {}
 
@@ -282,18 +285,28 @@ def size_plans(designs: dict[str, RegimeDesign], controllers: list[str], budget_
             cache[key] = plan_power(designs[regime], controllers[:n], span, draws, threshold)
         return cache[key]
 
-    # candidate spans: where the primary's real comparison with random carries information
     lives = {r: nominal_lives(d) if d.min_merge_active else None for r, d in designs.items()}
-    informative_grids = {r: [g for g in _grid(d) if informative(d, controllers[0], g)
-                             and floor_met(d, controllers[0], g, max_draws, lives[r])] for r, d in designs.items()}
+    grids: dict[tuple[str, int], list[float]] = {}
+
+    def measurable(regime: str, n: int) -> list[float]:
+        """Candidate spans where the real comparison of each of the first `n` controllers with random carries
+        information and all their planned replays meet the request floor."""
+        if (regime, n) not in grids:
+            d, c = designs[regime], controllers[n - 1]
+            base = _grid(d) if n == 1 else measurable(regime, n - 1)
+            grids[regime, n] = [g for g in base
+                                if informative(d, c, g) and floor_met(d, c, g, max_draws, lives[regime])]
+        return grids[regime, n]
 
     fixed_short = {r: _fixed_span_short(d, controllers[0], fixed_span_s, max_draws, lives[r])
                    for r, d in designs.items()} if fixed_span_s is not None else {}
 
     def shortest(regime: str, n: int, draws: int) -> float | None:
         if fixed_span_s is not None:
-            return None if fixed_short[regime] else min(fixed_span_s, designs[regime].space.duration_s)
-        grid = informative_grids[regime]
+            span = min(fixed_span_s, designs[regime].space.duration_s)
+            further = all(floor_met(designs[regime], c, span, max_draws, lives[regime]) for c in controllers[1:n])
+            return None if fixed_short[regime] or not further else span
+        grid = measurable(regime, n)
         return _shortest_powered(lambda s: power(regime, n, draws, s), grid, power_target) if grid else None
 
     def admit(draws: int) -> tuple[dict[str, float], dict[str, str]]:
@@ -309,7 +322,7 @@ def size_plans(designs: dict[str, RegimeDesign], controllers: list[str], budget_
                 left_out[regime] = (f"no span where {controllers[0]} merges on every planned seed, its "
                                     f"draws can place those merges differently and every replay has "
                                     f"{design.min_requests} requests ({design.min_merge_active} in merge windows)"
-                                    if not informative_grids[regime] else
+                                    if not measurable(regime, 1) else
                                     f"no span reaches gate power {power_target:.0%} with {draws} draw(s)")
                 continue
             cost = wall_s(design, 1, draws, span)
@@ -327,7 +340,7 @@ def size_plans(designs: dict[str, RegimeDesign], controllers: list[str], budget_
     if first not in spans:
         if fixed_short.get(first):
             raise PlanError(f"the primary's regime {first}: {fixed_short[first]}")
-        if not informative_grids[first]:
+        if not measurable(first, 1):
             raise PlanError(f"the primary's regime {first} has no span: {left_out[first]}")
         if (span := shortest(first, 1, fewest)) is not None:
             raise PlanError(f"replay.vllm.budget_s {budget_s:g} s cannot pay for the primary's regime {first}: its "
@@ -345,14 +358,14 @@ def size_plans(designs: dict[str, RegimeDesign], controllers: list[str], budget_
                 break
             n_chosen, spans = n, more  # type: ignore[assignment]
         if fixed_span_s is None:
-            spans = _fill_budget(included, {r: informative_grids[r] for r in included}, n_chosen, draws, spans,
+            spans = _fill_budget(included, {r: measurable(r, n_chosen) for r in included}, n_chosen, draws, spans,
                                  budget_s)
     else:  # nothing powered fits: the first regime, one draw, its longest informative span the budget allows
         n_chosen, draws = 1, 1
-        fits = [g for g in informative_grids[first] if wall_s(designs[first], 1, 1, g) <= budget_s]
+        fits = [g for g in measurable(first, 1) if wall_s(designs[first], 1, 1, g) <= budget_s]
         included = {first: designs[first]}
         spans = ({first: shortest(first, 1, 1)} if fixed_span_s is not None  # type: ignore[dict-item]
-                 else _fill_budget(included, {first: fits or informative_grids[first][:1]}, 1, 1, {}, budget_s))
+                 else _fill_budget(included, {first: fits or measurable(first, 1)[:1]}, 1, 1, {}, budget_s))
         left_out = {r: f"{why}; the budget powers no regime, so only the first one is replayed"
                     for r, why in admit(1)[1].items() if r != first}
     sized = {r: SizedRegime(controllers[:n_chosen], draws, spans[r], power(r, n_chosen, draws, spans[r]),

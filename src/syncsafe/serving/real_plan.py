@@ -93,6 +93,7 @@ def describe_plan(plan: RealPlan) -> list[str]:
             f"{p.replays_per_seed * len(p.seeds)} replays, about {p.expected_wall_s:.0f} s; gate power "
             f"{(p.power or 0.0):.0%} at the profiled effect (expected ratio {p.expected_gate_ratio or float('nan'):.3g}, "
             f"threshold {plan.gate_ratio_threshold:g}): {powered}"
-            + (f"; left out for the budget: {', '.join(p.left_out)}" if p.left_out else ""))
+            + (f"; left out (no span the budget pays for measures them): {', '.join(p.left_out)}"
+               if p.left_out else ""))
     lines += [f"{regime}: not replayed: {why}" for regime, why in plan.left_out.items()]
     return lines

@@ -71,6 +71,25 @@ def test_the_plan_fits_its_budget_and_adds_controllers_only_while_it_fits():
     assert large.regimes["bursty"].span_s >= plan.span_s and large.regimes["bursty"].wall_s <= 2000.0
 
 
+def test_a_further_controller_is_added_only_on_a_span_that_holds_its_merges():
+    """A further controller used to be added at the primary's span even when that span ended before its first
+    merge: its replay, its draw and its cadence then replayed no merge at all."""
+    d = design()
+    starts = {"primary": [20.0, 60.0, 100.0, 140.0, 180.0, 220.0], "second": [80.0, 160.0, 220.0]}
+    d = replace(d, seeds=[replace(s, controllers={c: s.controllers[c].model_copy(update={"merge_starts_s": v})
+                                                  for c, v in starts.items()}) for s in d.seeds])
+    kwargs = dict(threshold=1.05, power_target=0.8, max_draws=2)
+    # 700 s pays for both controllers at the primary's 60 s span, not for a span reaching the second's merges
+    assert wall_s(d, 2, 2, 60.0) <= 700.0 < wall_s(d, 2, 2, 85.0)
+    alone = size_plans({"bursty": d}, ["primary", "second"], budget_s=700.0, **kwargs).regimes["bursty"]
+    assert alone.controllers == ["primary"] and alone.wall_s <= 700.0
+    both = size_plans({"bursty": d}, ["primary", "second"], budget_s=4000.0, **kwargs).regimes["bursty"]
+    assert both.controllers == ["primary", "second"] and informative(d, "second", both.span_s)
+    fixed = size_plans({"bursty": replace(d, min_merge_active=1)}, ["primary", "second"], budget_s=4000.0,
+                       fixed_span_s=60.0, **kwargs).regimes["bursty"]
+    assert fixed.controllers == ["primary"] and fixed.span_s == 60.0  # a fixed span that misses them
+
+
 def test_draws_give_way_before_the_span_does_and_a_budget_that_cannot_pay_for_the_primary_fails():
     d = {"bursty": design()}
     three = size_plans(d, ["primary"], budget_s=460.0, threshold=1.05, power_target=0.8, max_draws=3).regimes["bursty"]
