@@ -44,7 +44,7 @@ run: setup vllm-env
 # failing fails.
 TEST_WORKERS ?= 2
 test: setup vllm-env airflow-env team-env
-	pytest -n $(TEST_WORKERS) --dist loadfile -m "not real_server"; shared=$$?; \
+	pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not real_server"; shared=$$?; \
 	pytest -m real_server; alone=$$?; \
 	test $$shared -eq 0 -a $$alone -eq 0
 

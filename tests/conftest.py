@@ -1,5 +1,5 @@
 """Shared fixtures: small params for fast pipeline runs; one lock per group of test files that share a machine-wide
-resource (network namespaces) when the tests run on several workers."""
+resource (network namespaces); the order and units in which `make test`'s workers take the files (`scheduling`)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import yaml
 
 from syncsafe.config import Params, parse_params
 from syncsafe.profiles import compose_file
+from scheduling import GroupedFileScheduling, exclusive_group, order_items
 from small_params import small_raw_params
 
 REPO = Path(__file__).resolve().parents[1]
@@ -79,17 +80,22 @@ def params_file(tmp_path: Path, raw_params: dict) -> Path:
     return path
 
 
-#: Test files that share a machine-wide resource: when the tests run on several workers (`make test`: pytest-xdist,
-#: one file per worker at a time) a group's files hold its lock for their whole run, so they run one after the other.
-#: Network namespaces, their links and their shaping.
-EXCLUSIVE_GROUPS = {"netns": ("test_fleet.py", "test_multihost_train.py", "test_team_hosts.py")}
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    order_items(items)  # exclusive groups, then integration files, then unit files (`scheduling`)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """`--dist loadfile` with each exclusive group's files one work unit (`scheduling`)."""
+    return GroupedFileScheduling(config, log) if config.getoption("dist") == "loadfile" else None
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _exclusive_group(request: pytest.FixtureRequest) -> Iterator[None]:
-    """This file's `EXCLUSIVE_GROUPS` lock (a file lock every worker sees), held until its last test is done."""
-    name = request.node.path.name
-    group = next((g for g, files in EXCLUSIVE_GROUPS.items() if name in files), None)
+    """This file's `scheduling.EXCLUSIVE_GROUPS` lock (a file lock every process sees), held until its last test is
+    done: one worker runs a group's files in turn, and the lock keeps out any other run (another distribution mode,
+    a second pytest)."""
+    group = exclusive_group(request.node.path.name)
     if group is None:
         yield
         return

@@ -152,12 +152,12 @@ def _gpu_params(tmp_path: Path) -> Path:
                 "dataset_config": None, "text_field": "text"},
     })  # fmt: skip
     raw["replay"]["simulator"] = {**raw["replay"].get("simulator", {}), "calibration": None}
-    # a 12 s span: 3 no-sync controls, the primary, its draw and its span cadence, each about 50 requests of the
-    # gpu profile's four-fold arrival rates (time scales of 0.6-1.5 on the CPU server: 50-125 s of replays). The
+    # a 6 s span: 3 no-sync controls, the primary, its draw and its span cadence, each about 25 requests of the
+    # gpu profile's four-fold arrival rates (time scales of 0.6-1.5 on the CPU server: 25-65 s of replays). The
     # rehearsal checks the path that serves the trained export, not merge interference (the shared real run
-    # does): a floor of 30 requests and none merge-active, as the trained primary's first merge falls after the span
-    vllm = {"python": str(VLLM_PYTHON), "regimes": ["bursty"], "seeds": [0], "draws": 1, "span_s": 12, "budget_s": 450,
-            "min_requests": 30, "min_merge_active": 0,
+    # does): a floor of 20 requests and none merge-active, as the trained primary's first merge falls after the span
+    vllm = {"python": str(VLLM_PYTHON), "regimes": ["bursty"], "seeds": [0], "draws": 1, "span_s": 6, "budget_s": 450,
+            "min_requests": 20, "min_merge_active": 0,
             "warmup_s": 0, "startup_timeout_s": 900, "server_args": VllmReplay().server_args, "engine_profile": False,
             "capacity_probe_s": 2}
     raw["replay"]["vllm"].update({k: v for k, v in vllm.items() if k in VllmReplay.model_fields})

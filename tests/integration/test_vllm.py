@@ -269,8 +269,8 @@ def test_server_merge_work_and_client_each_ran_on_their_own_cpus(vllm_project):
 
 
 def test_a_replay_beside_a_cpu_hog_is_retried_then_marked_machine_busy(tmp_path, tiny_raw, vllm_project):
-    # a 15 s span below the tiny floor, declared: this test measures nothing but the busy verdict
-    params = load_params(make_project(tmp_path, tiny_raw(), budget_s=120, span_s=15, busy_retry_pause_s=1,
+    # an 8 s span below the tiny floor, declared: this test measures nothing but the busy verdict
+    params = load_params(make_project(tmp_path, tiny_raw(), budget_s=120, span_s=8, busy_retry_pause_s=1,
                                       warmup_s=0, min_requests=5, min_merge_active=0))
     borrow_profile(vllm_project, tmp_path)
     # a foreign process, not a child of this one (the stage's own tree never counts): started through a shell

@@ -42,7 +42,7 @@ def repro_params() -> dict:
     # the shipped server_args (graph capture included); every replay holds 60 requests, 5 of them merge-active
     raw["replay"]["vllm"].update({"python": str(VLLM_PYTHON), "regimes": ["bursty"], "policies": ["wa_diloco"],
                                   "draws": 1, "budget_s": 300, "capacity_probe_s": 2, "span_s": None,
-                                  "warmup_max_s": 60, "min_requests": 60, "min_merge_active": 5})
+                                  "warmup_max_s": 30, "min_requests": 60, "min_merge_active": 5})
     return raw
 
 

@@ -25,6 +25,8 @@ AUTH_FUNCTION = "mlflow.server.auth:authenticate_request_basic_auth"
 CREATE_USER = "/api/2.0/mlflow/users/create"
 UPDATE_PASSWORD = "/api/2.0/mlflow/users/update-password"
 GET_USER = "/api/2.0/mlflow/users/get"
+#: Seconds a server worker trusts a login it has checked (MLflow's `auth_cache_ttl_seconds`; 0 turns it off).
+AUTH_CACHE_TTL_S = 60
 
 
 def config(users_uri: str, admin: str, admin_password: str) -> str:
@@ -37,6 +39,10 @@ def config(users_uri: str, admin: str, admin_password: str) -> str:
         f"admin_password = {admin_password}",
         f"authorization_function = {AUTH_FUNCTION}",
         "grant_default_workspace_access = false",
+        # a good login is checked against its PBKDF2 hash once a minute per server worker, not on every request
+        # (a stage process makes hundreds; each check costs tens of milliseconds of CPU by design). A password
+        # changed through the API is refused at once by the worker that changed it, by the others within the TTL.
+        f"auth_cache_ttl_seconds = {AUTH_CACHE_TTL_S}",
         "",
     ])  # fmt: skip
 

@@ -258,7 +258,8 @@ def _start_all(layout: Layout, state: dict[str, Any], redis: str, timeout_s: flo
     store = {"MLFLOW_BACKEND_STORE_URI": c.url("mlflow", s["mlflow_db"], ports["postgres"], "mlflow", host=addr),
              "MLFLOW_AUTH_CONFIG_PATH": str(_write_mlflow_auth_config(layout, state, c)),
              "MLFLOW_FLASK_SERVER_SECRET_KEY": s["mlflow_flask"]}
-    rec = started("mlflow", cmds["mlflow"], {**base_env, **store})
+    # no job runner: its seven huey consumers serve MLflow's GenAI jobs, which nothing here submits
+    rec = started("mlflow", cmds["mlflow"], {**base_env, **store, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
     daemons.wait_until(lambda: where.call(daemons.http_ok, urls(state)["mlflow"] + "/health"), what="mlflow server",
                        timeout_s=timeout_s, record=rec)
     where.call(mlflow_auth.ensure_user, urls(state)["mlflow"], (MLFLOW_ADMIN, s["mlflow_admin"]),
