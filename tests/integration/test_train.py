@@ -167,6 +167,13 @@ def test_streaming_syncs_each_fragment_in_turn_and_a_killed_island_resumes_byte_
     fragments = cut_fragments(layout.names, layout.numels, 2)
     assert fragments[0].end < layout.total
     assert merges["bytes_communicated"].tolist() == [ring_all_reduce_bytes(4 * (f.numel + 1), 2) for f in fragments]
+    # each sync event in the decision log: its window, the fragment it synced and that fragment's bytes
+    events = [json.loads(line)["sync"] for line in (run / "decisions.jsonl").read_text().splitlines()]
+    synced = [e for e in events if e is not None]
+    assert [(e["fragment"], e["payload_bytes"], e["bytes_communicated"]) for e in synced] == \
+        list(zip(merges["fragment"], merges["payload_bytes"], merges["bytes_communicated"]))
+    assert [e["start_s"] for e in synced] == merges["t_s"].tolist()
+    assert all(e["end_s"] - e["start_s"] == pytest.approx(tiny_raw()["merge"]["window_s"]) for e in synced)
     streamed, whole = pd.read_csv(run / "losses.csv"), pd.read_csv(full / "losses.csv")
     before = streamed["step"] <= 8  # identical up to the first merge; a half-model merge then differs
     pd.testing.assert_frame_equal(streamed[before], whole[before])

@@ -55,6 +55,17 @@ def test_decision_log_records_every_cycle(bursty_signals):
     assert times == sorted(times) and times[-1] <= PLAN.duration_s
 
 
+def test_every_merge_logs_its_sync_event_and_no_other_cycle_does(bursty_signals):
+    result = run_controller(FixedH(40), ProgressModelLearners(HarnessConfig(), 0), bursty_signals, PLAN)
+    merged = [d for d in result.decisions if d.merge]
+    assert [d.sync["start_s"] for d in merged] == result.merge_starts_s
+    # the window in trace time; simulated learners sync no fragment and send no bytes
+    assert all(d.sync == {"start_s": d.t_s, "end_s": d.t_s + PLAN.window_s} for d in merged)
+    assert all(d.sync is None for d in result.decisions if not d.merge)
+    again = type(result).from_dict(result.to_dict())  # a checkpointed run resumes with the same log
+    assert again.decisions == result.decisions
+
+
 def test_progress_model_loss_falls_and_merging_helps():
     learners = ProgressModelLearners(HarnessConfig(loss_noise=0.0), 0)
     first = learners.train_cycle(20)

@@ -20,13 +20,15 @@ from typing import Any, Protocol
 from syncsafe.control.clock import TRACE_CLOCK, Clock
 from syncsafe.control.policies import Policy
 from syncsafe.control.signals import TimelineSignals
-from syncsafe.control.types import ClockState, LearnerReport
+from syncsafe.control.types import ClockState, LearnerReport, SyncEvent
 
 
 class Learners(Protocol):
     def train_cycle(self, steps: int) -> Sequence[LearnerReport]: ...
 
-    def merge(self) -> None: ...
+    def merge(self) -> SyncEvent | None:
+        """Merge every learner now; what the merge synced (None where the learners are simulated)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,9 @@ class DecisionRecord:
     score: float | None
     signals: dict[str, Any]
     reports: list[dict[str, Any]]
+    #: The sync event of a merge: its window in trace time (`start_s`, `end_s`) and, from real islands, the
+    #: fragment synced and its bytes (`SyncEvent`); None when the cycle did not merge.
+    sync: dict[str, Any] | None = None
 
 
 @dataclass
@@ -145,7 +150,9 @@ def run_controller(
                 gap = t - (result.merge_starts_s[-1] + plan.window_s)
                 assert gap >= plan.min_gap_s - 1e-9, f"controller broke min_gap_s: gap {gap}"
             result.merge_starts_s.append(round(t, 6))
-            learners.merge()
+            event = learners.merge()
+            result.decisions[-1].sync = {"start_s": round(t, 6), "end_s": round(t + plan.window_s, 6),
+                                         **(asdict(event) if event is not None else {})}
             result.t_s += plan.window_s
             result.steps_since_merge = 0
             if on_merge is not None:

@@ -7,6 +7,16 @@ from typing import Any
 
 
 @dataclass(frozen=True)
+class SyncEvent:
+    """What one merge synced, as real learners report it: the fragment (0: the whole model when there is one),
+    the bytes of its all-reduce buffer, and what each island sends of it in a ring (2 x payload x (W - 1) / W)."""
+
+    fragment: int
+    payload_bytes: int
+    bytes_communicated: int
+
+
+@dataclass(frozen=True)
 class LearnerReport:
     """What one island tells the controller at the end of a control cycle."""
 

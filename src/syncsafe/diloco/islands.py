@@ -25,7 +25,7 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
-from syncsafe.control.types import LearnerReport
+from syncsafe.control.types import LearnerReport, SyncEvent
 from syncsafe.diloco.checkpoint import TrainingCheckpoint, capture_rng_state, restore_rng_state
 from syncsafe.diloco.comm import torch_all_reduce_mean
 from syncsafe.diloco.model import causal_lm_loss, eval_loss
@@ -263,11 +263,13 @@ class DistributedLearners:
         assert reports is not None
         return reports
 
-    def merge(self) -> None:
+    def merge(self) -> SyncEvent:
         fragment = self.island.next_fragment
         self.channel.send(CMD_MERGE, fragment)
         self.channel.settle()
-        self.on_merged(self.island.merge(self.token_weighted, fragment))
+        stats = self.island.merge(self.token_weighted, fragment)
+        self.on_merged(stats)
+        return SyncEvent(stats.fragment, stats.payload_bytes, stats.bytes_communicated)
 
     def stop(self) -> None:
         self.channel.send(CMD_STOP)

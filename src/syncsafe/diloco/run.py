@@ -5,7 +5,8 @@ runs the controller loop and writes the run's outputs; all ranks train and
 merge. Outputs in `runs/train/<regime>/<policy>/seed-<S>/`:
 
 - `schedule.json`   merge starts in trace seconds (schedule contract, source `train`)
-- `decisions.jsonl` every control cycle: reports, signals, decision, reason, score
+- `decisions.jsonl` every control cycle: reports, signals, decision, reason, score; a merge's sync event
+                    (its window in trace time, the fragment synced, the bytes of its all-reduce)
 - `losses.csv`      step, island, training loss (per-island loss curves)
 - `merges.csv`      per merge: trace time, step, eval loss of the merged model,
                     bytes communicated

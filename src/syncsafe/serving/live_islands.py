@@ -44,6 +44,7 @@ from syncsafe import timebase
 from syncsafe.artifacts import layout
 from syncsafe.config import Params, load_params
 from syncsafe.control.clock import WallClock
+from syncsafe.control.types import SyncEvent
 from syncsafe.diloco.checkpoint import save_checkpoint
 from syncsafe.diloco.islands import DistributedLearners, Island, follow
 from syncsafe.diloco.outer import MergeStats
@@ -102,16 +103,17 @@ class LiveLearners:
         self.cycle_wall_s.append(time.perf_counter() - started)
         return reports
 
-    def merge(self) -> None:
+    def merge(self) -> SyncEvent:
         t_s = self.clock.log[-1][0]  # the decision time just reached
         began = timebase.now()
         window_end = max(self.clock.epoch(t_s + self.window_s), began)
         self.work.submit([(began, window_end)])
-        self.learners.merge()  # all-reduce, outer Nesterov step, weight check, checkpoint
+        event = self.learners.merge()  # all-reduce, outer Nesterov step, weight check, checkpoint
         merged = timebase.now()
         worked = self.work.collect(timeout_s=self.timeout_s + (window_end - began))  # returns when the window closes
         self.merges.append({"t_s": t_s, "start_epoch": began, "merge_end_epoch": merged, "window_end_epoch": timebase.now(),
                             "merge_wall_s": merged - began, "fill_iterations": sum(n for _, _, n in worked)})
+        return event
 
 
 class IslandGroup:

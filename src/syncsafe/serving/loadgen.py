@@ -111,10 +111,17 @@ async def _one(session: aiohttp.ClientSession, url: str, model: str, rid: int, r
                          int(row.output_tokens), ttft, e2e, received, error)
 
 
+#: Seconds the client keeps an idle connection for reuse: below the server's own keep-alive (vLLM's uvicorn closes a
+#: connection idle for `VLLM_HTTP_TIMEOUT_KEEP_ALIVE`, 5 s). With aiohttp's default of 15 s a request could be sent on
+#: a connection the server was closing and fail with `ServerDisconnectedError` (seen once in 266 requests of a CI
+#: replay, after the idle gap of a burst): a failure of the client's pool, never of the server under test.
+KEEPALIVE_S = 2.0
+
+
 async def _replay(base_url: str, model: str, requests: pd.DataFrame, start_epoch: float, time_scale: float,
                   prompts: list[list[int]], max_in_flight: int, timeout_s: float) -> list[RequestResult]:
     cap = asyncio.Semaphore(max_in_flight)
-    connector = aiohttp.TCPConnector(limit=max_in_flight, force_close=False)
+    connector = aiohttp.TCPConnector(limit=max_in_flight, force_close=False, keepalive_timeout=KEEPALIVE_S)
     async with aiohttp.ClientSession(connector=connector) as session:
         url = f"{base_url}/v1/completions"
         tasks = [
