@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import pytest
 from fleet_support import fleet_up, require_namespaces
@@ -73,8 +74,11 @@ def test_down_stops_what_runs_on_the_hosts(tmp_path):
     fleet = Fleet(name="ssth")
     with fleet_up(fleet):
         sleeper = subprocess.Popen(fleet.exec_argv("b", ["sleep", "300"]))
-        ran = netns.pids(fleet.namespace("b"))
-        assert ran
+        # `ip netns exec` enters the namespace after it starts: wait for it there (a loaded machine is slow)
+        deadline = time.monotonic() + 30
+        while not netns.pids(fleet.namespace("b")) and time.monotonic() < deadline and sleeper.poll() is None:
+            time.sleep(0.1)
+        assert netns.pids(fleet.namespace("b")), "the sleeper never ran in host b's namespace"
         netns.down(fleet)
         assert sleeper.wait(timeout=15) != 0
         assert netns.existing(fleet) == []
