@@ -191,6 +191,79 @@ def test_streaming_syncs_each_fragment_in_turn_and_a_killed_island_resumes_byte_
     pd.testing.assert_frame_equal(pd.read_csv(resumed / "merges.csv"), merges)
 
 
+def _killed_and_resumed(root: Path, raw: dict, monkeypatch, fault: str, **train_kw) -> Path:
+    """A run whose island 1 SIGKILLs itself at `fault` (ISLAND:STEP), then resumed from its last checkpoint."""
+    params_path = make_project(root, raw, **train_kw)
+    monkeypatch.setenv("SYNCSAFE_FAULT", fault)
+    with pytest.raises(IslandLost, match=r"island 1 killed by SIGKILL"):
+        train(params_path, root, policies=["fixed_h"])
+    monkeypatch.delenv("SYNCSAFE_FAULT")
+    train(params_path, root, policies=["fixed_h"], resume=True)
+    return train_dir(root, "bursty", "fixed_h", 0)
+
+
+def _sync_events(run: Path) -> list[dict]:
+    return [e for e in (json.loads(line)["sync"] for line in (run / "decisions.jsonl").read_text().splitlines())
+            if e is not None]
+
+
+def test_a_fragment_sync_delayed_by_tau_steps_is_applied_then_and_resumes_byte_identical(reference, tmp_path,
+                                                                                        monkeypatch, tiny_raw):
+    sync = {"mode": "streaming", "fragments": 2, "fragment_sync_delay": 2}
+    delayed = tmp_path / "delayed"
+    train(make_project(delayed, tiny_raw(), sync=sync), delayed, policies=["fixed_h"])
+    run = train_dir(delayed, "bursty", "fixed_h", 0)
+    merges = pd.read_csv(run / "merges.csv")
+    # launched at the merges (steps 8 and 16), each fragment once, its outer step applied 2 inner steps later
+    assert merges["step"].tolist() == [8, 16] and merges["fragment"].tolist() == [0, 1]
+    assert merges["applied_step"].tolist() == [10, 18]
+    assert merges["averaged_pseudo_gradient_norm"].gt(0).all()
+    assert [(e["fragment"], e["applied_step"]) for e in _sync_events(run)] == [(0, 10), (1, 18)]
+    # the islands train on unmerged parameters for the 2 steps the all-reduce is in flight
+    ours, full = pd.read_csv(run / "losses.csv"), pd.read_csv(train_dir(reference, "bursty", "fixed_h", 0) / "losses.csv")
+    before = ours["step"] <= 8
+    pd.testing.assert_frame_equal(ours[before], full[before])
+    assert not ours[~before].equals(full[~before])
+    # killed at step 9, with fragment 0's all-reduce launched and not applied: the checkpoint keeps what was sent
+    resumed = _killed_and_resumed(tmp_path / "killed", tiny_raw(), monkeypatch, "1:9", sync=sync)
+    pd.testing.assert_frame_equal(pd.read_csv(resumed / "losses.csv"), ours)
+    pd.testing.assert_frame_equal(pd.read_csv(resumed / "merges.csv"), merges)
+    assert json.loads((resumed / "metrics.json").read_text())["final_eval_loss"] == \
+        json.loads((run / "metrics.json").read_text())["final_eval_loss"]
+
+
+def test_overlapped_merges_apply_one_round_later_and_with_no_delay_are_the_full_merge(reference, tmp_path,
+                                                                                     monkeypatch, tiny_raw):
+    full = train_dir(reference, "bursty", "fixed_h", 0)
+    now = tmp_path / "no-delay"  # overlapped with overlap_rounds 0 is the full merge, byte for byte
+    train(make_project(now, tiny_raw(), sync={"mode": "overlapped", "overlap_rounds": 0}), now, policies=["fixed_h"])
+    ours = train_dir(now, "bursty", "fixed_h", 0)
+    files = sorted(p.relative_to(full) for p in full.rglob("*") if p.is_file())
+    assert files and [f for f in files if (ours / f).read_bytes() != (full / f).read_bytes()] == []
+
+    sync = {"mode": "overlapped", "overlap_rounds": 1}
+    later = tmp_path / "one-round"
+    train(make_project(later, tiny_raw(), sync=sync), later, policies=["fixed_h"])
+    run = train_dir(later, "bursty", "fixed_h", 0)
+    merges = pd.read_csv(run / "merges.csv")
+    # round 1's outer step is applied at the second merge (step 16), round 2's when training ends (step 20)
+    assert merges["step"].tolist() == [8, 16] and merges["applied_step"].tolist() == [16, 20]
+    assert merges["bytes_communicated"].tolist() == pd.read_csv(full / "merges.csv")["bytes_communicated"].tolist()
+    assert [e["applied_step"] for e in _sync_events(run)] == [-1, -1]  # at the next merge, unknown at launch
+    losses, whole = pd.read_csv(run / "losses.csv"), pd.read_csv(full / "losses.csv")
+    before = losses["step"] <= 8
+    pd.testing.assert_frame_equal(losses[before], whole[before])
+    assert not losses[~before].equals(whole[~before])
+    assert losses[losses.step > 16]["loss"].mean() < losses[losses.step <= 4]["loss"].mean()
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["n_merges"] == 2
+    # killed at step 10, round 1's all-reduce in flight across the checkpoint: resumed, byte-identical
+    resumed = _killed_and_resumed(tmp_path / "killed", tiny_raw(), monkeypatch, "1:10", sync=sync)
+    pd.testing.assert_frame_equal(pd.read_csv(resumed / "losses.csv"), losses)
+    pd.testing.assert_frame_equal(pd.read_csv(resumed / "merges.csv"), merges)
+    assert json.loads((resumed / "metrics.json").read_text())["final_eval_loss"] == metrics["final_eval_loss"]
+
+
 def test_killed_island_continues_on_the_survivors(tmp_path, monkeypatch, tiny_raw):
     params_path = make_project(tmp_path, tiny_raw(), on_island_failure="continue")
     monkeypatch.setenv("SYNCSAFE_FAULT", "1:10")

@@ -123,6 +123,10 @@ class Params(Strict):
                 )
             if not _is_multiple(regime.duration_s, step):
                 raise ValueError(f"regimes.{name}.duration_s must be a multiple of traces.step_s ({step})")
+        if self.train.sync.fragment_sync_delay > self.control.min_h:
+            raise ValueError(f"train.sync.fragment_sync_delay ({self.train.sync.fragment_sync_delay}) must be <= "
+                             f"control.min_h ({self.control.min_h}): a fragment's outer step is applied before "
+                             "the next merge can launch")
         if self.train.source == "builtin" and self.train.seq_len > self.train.model.max_position_embeddings:
             raise ValueError(f"train.seq_len ({self.train.seq_len}) must be <= train.model.max_position_embeddings "
                              f"({self.train.model.max_position_embeddings}) with train.source: builtin")

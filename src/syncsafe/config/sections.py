@@ -152,19 +152,34 @@ class SyncConfig(Strict):
     `full`: every parameter's pseudo-gradient in one all-reduce, then the outer step (DiLoCo). `streaming`
     (Streaming DiLoCo): the model is cut into `fragments` contiguous layer groups and each merge syncs the next
     fragment in turn, so with a merge every H/F steps every fragment syncs every H steps, at offsets f H/F;
-    after its outer step a fragment's local parameters become `fragment_update_alpha` x local +
-    (1 - alpha) x global (0: the global ones, as DiLoCo).
+    a fragment's all-reduce is launched at the merge and its outer step applied `fragment_sync_delay` inner
+    steps later while the islands train on, its local parameters then `fragment_update_alpha` x local +
+    (1 - alpha) x global (0: the global ones, as DiLoCo). `overlapped` (one-step delay): a merge launches the
+    round's all-reduce and the islands train on at once; its outer step is applied at the next merge
+    (`overlap_rounds` 1; 0: at once, the full merge), each island keeping its own progress of the round on
+    top of the global parameters until its average arrives.
     """
 
-    mode: Literal["full", "streaming"] = "full"
+    mode: Literal["full", "streaming", "overlapped"] = "full"
     fragments: Annotated[int, Field(ge=1)] = 1
     fragment_update_alpha: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    #: Streaming: inner steps between a fragment's all-reduce launch and its outer step (at most control.min_h).
+    fragment_sync_delay: Annotated[int, Field(ge=0)] = 0
+    #: Overlapped: merges between a round's all-reduce launch and its outer step (0: the full merge).
+    overlap_rounds: Annotated[int, Field(ge=0, le=1)] = 1
 
     @model_validator(mode="after")
-    def _streaming_only(self) -> SyncConfig:
-        if self.mode == "full" and (self.fragments != 1 or self.fragment_update_alpha):
-            raise ValueError(f"fragments ({self.fragments}) and fragment_update_alpha "
-                             f"({self.fragment_update_alpha:g}) are streaming settings: with mode full they are 1 and 0")
+    def _settings_of_the_mode(self) -> SyncConfig:
+        streaming = {"fragments": (self.fragments, 1), "fragment_update_alpha": (self.fragment_update_alpha, 0.0),
+                     "fragment_sync_delay": (self.fragment_sync_delay, 0)}
+        if self.mode != "streaming":
+            set_ = [f"{key} ({value:g})" for key, (value, default) in streaming.items() if value != default]
+            if set_:
+                raise ValueError(f"{', '.join(set_)}: streaming settings; with mode {self.mode} they are "
+                                 f"{', '.join(f'{key} {default:g}' for key, (_, default) in streaming.items())}")
+        if self.mode != "overlapped" and "overlap_rounds" in self.model_fields_set:
+            raise ValueError(f"overlap_rounds ({self.overlap_rounds}) is an overlapped setting; with mode "
+                             f"{self.mode} leave it out")
         return self
 
 

@@ -9,11 +9,14 @@ from typing import Any
 @dataclass(frozen=True)
 class SyncEvent:
     """What one merge synced, as real learners report it: the fragment (0: the whole model when there is one),
-    the bytes of its all-reduce buffer, and what each island sends of it in a ring (2 x payload x (W - 1) / W)."""
+    the bytes of its all-reduce buffer, what each island sends of it in a ring (2 x payload x (W - 1) / W),
+    and the inner step its outer step is applied at (the merge's own step unless the islands train on while
+    its all-reduce runs: `fragment_sync_delay` steps later, or -1: at the next merge, overlapped)."""
 
     fragment: int
     payload_bytes: int
     bytes_communicated: int
+    applied_step: int
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,10 @@ which turns each `train_cycle` and `merge` into a command sent to the other
 ranks over a `Channel` (commands down, reports up, one wait per cycle on each
 side); those run `follow`, executing commands until told to stop. Every
 island trains on its own shard with its own inner AdamW; a merge is the
-DiLoCo outer step (`OuterOptimizer.merge`) over one all-reduce.
+DiLoCo outer step over one all-reduce: applied at once (`full`), a fragment's
+`fragment_sync_delay` inner steps after its launch (`streaming`), or at the
+next merge (`overlapped`), the all-reduce running as async work beside the
+inner steps meanwhile (`Island.merge`).
 
 Every collective runs under the process group's timeout, so a lost island
 raises on its peers instead of hanging them.
@@ -14,6 +17,7 @@ raises on its peers instead of hanging them.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import signal
@@ -27,9 +31,10 @@ import torch.distributed as dist
 
 from syncsafe.control.types import LearnerReport, SyncEvent
 from syncsafe.diloco.checkpoint import TrainingCheckpoint, capture_rng_state, restore_rng_state
-from syncsafe.diloco.comm import torch_all_reduce_mean
+from syncsafe.diloco.comm import torch_all_reduce_start
 from syncsafe.diloco.model import causal_lm_loss, eval_loss
-from syncsafe.diloco.outer import MergeStats, OuterOptimizer, blocking_start
+from syncsafe.diloco.outer import (MergeStats, OuterOptimizer, PendingSync, assign_parameters, flatten_parameters,
+                                   ring_all_reduce_bytes)
 
 CMD_TRAIN, CMD_MERGE, CMD_STOP = 1, 2, 3
 
@@ -83,16 +88,33 @@ class Island:
     fault: Fault | None = None
     #: Streaming DiLoCo's mix of a merged fragment's local and new global parameters (0: the global ones).
     alpha: float = 0.0
+    #: Streaming: inner steps from a fragment's all-reduce launch to its outer step (`fragment_sync_delay`).
+    sync_delay: int = 0
+    #: Overlapped merges (`train.sync.mode: overlapped`) and how many merges their outer step waits (0 or 1).
+    overlapped: bool = False
+    overlap_rounds: int = 0
+    #: Called with every merge's statistics once its outer step is applied (rank 0 logs them).
+    on_applied: Callable[[MergeStats], None] | None = None
     step: int = 0
     tokens_since_merge: int = 0
     tokens_seen: int = 0
     losses: list[tuple[int, float]] = field(default_factory=list)
+    #: The launched merge whose outer step is still to be applied.
+    pending: PendingSync | None = None
+    #: Overlapped: the local parameters this round started from (a round's pseudo-gradient is anchor - local).
+    anchor: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.overlapped:
+            self.anchor = flatten_parameters(self.model)
 
     def train_steps(self, n: int) -> LearnerReport:
-        """n inner AdamW steps; the report carries the cycle's first and last training loss."""
+        """n inner AdamW steps; the report carries the cycle's first and last training loss. A launched
+        merge whose outer step falls due at one of these steps is applied there (`fragment_sync_delay`)."""
         self.model.train()
         first = last = float("nan")
         for i in range(n):
+            self._apply_due()
             if self.fault is not None and self.fault.fires_on(self.island_id, self.step):
                 self.fault.fire()
             device = next(self.model.parameters()).device
@@ -122,18 +144,72 @@ class Island:
     @property
     def next_fragment(self) -> int:
         """The fragment the next merge syncs: each in turn (always 0 for a whole-model merge)."""
-        return self.outer.merges_done % len(self.outer.fragments)
+        return self.outer.merges_launched % len(self.outer.fragments)
+
+    @property
+    def merges_launched(self) -> int:
+        """Merges launched so far (their checkpoints are numbered by it; some may not be applied yet)."""
+        return self.outer.merges_launched
 
     def merge(self, token_weighted: bool, fragment: int = 0) -> MergeStats:
-        """The outer step of `fragment` on every island, then a check that all islands hold the same weights
-        (the local ones after a whole-model merge, else the global ones: the other fragments' local parameters
-        have trained apart)."""
+        """Launch the merge of `fragment` on every island; apply its outer step now or, with a delay, later.
+
+        Returns the merge's statistics as far as they are known: a merge applied later has no averaged
+        pseudo-gradient yet (NaN) and its `applied_step` is its due step (-1: at the next merge);
+        `on_applied` gets the complete ones when its outer step is applied.
+        """
         weight = float(self.tokens_since_merge) if token_weighted else 1.0
-        start = blocking_start(torch_all_reduce_mean(device=_collective_device(self.model)))
-        stats = self.outer.finish(self.model, self.outer.launch(self.model, start, weight, fragment), self.alpha)
+        start = torch_all_reduce_start(device=_collective_device(self.model))
         self.tokens_since_merge = 0
+        if self.overlapped:
+            return self._overlapped_merge(start, weight)
+        self._apply_due(every=True)
+        pending = self.outer.launch(self.model, start, weight, fragment, apply_step=self.step + self.sync_delay)
+        if self.sync_delay == 0:
+            return self._apply(pending)
+        self.pending = pending
+        return _launched(self.outer, pending)
+
+    def _overlapped_merge(self, start: Callable[[torch.Tensor], Callable[[], torch.Tensor]],
+                          weight: float) -> MergeStats:
+        """One-step delay: this round's pseudo-gradient (anchor - local) is launched after the previous round's
+        outer step is applied; the islands then train on from the new global parameters plus their own
+        progress of this round, which the round's average replaces at the next merge (overlap_rounds 1), or
+        from the new global parameters at once (overlap_rounds 0: the full merge, byte for byte)."""
+        assert self.anchor is not None
+        own = self.anchor - flatten_parameters(self.model) if self.overlap_rounds else None
+        self._apply_due(every=True)
+        pending = self.outer.launch(self.model, start, weight, 0, reference=self.anchor, apply_step=-1)
+        if own is None:
+            stats = self._apply(pending)
+        else:
+            self.pending = pending
+            assign_parameters(self.model, self.outer.global_flat.detach() - own)
+            stats = _launched(self.outer, pending)
+        self.anchor = flatten_parameters(self.model)
+        return stats
+
+    def _apply_due(self, every: bool = False) -> None:
+        """Apply the launched merge if its outer step is due at this step (`every`: whenever one is pending)."""
+        pending = self.pending
+        if pending is not None and (every or 0 <= pending.apply_step <= self.step):
+            self.pending = None
+            stats = self._apply(pending, local=not self.overlapped)
+            if self.on_applied is not None:
+                self.on_applied(stats)
+
+    def settle(self) -> None:
+        """Apply the merge still in flight at the end of training (every island together)."""
+        self._apply_due(every=True)
+
+    def _apply(self, pending: PendingSync, local: bool = True) -> MergeStats:
+        """The outer step of a launched merge (and, with `local`, the fragment's local update), then a check
+        that all islands hold the same weights (the local ones after a whole-model merge, else the global
+        ones: the other fragments' local parameters, or an overlapped round's progress, have trained apart)."""
+        stats = self.outer.finish(self.model, pending, self.alpha) if local else self.outer.apply(pending)
+        stats = dataclasses.replace(stats, applied_step=self.step)
         digests: list[str] = [""] * dist.get_world_size()
-        whole = len(self.outer.fragments) == 1 and not self.alpha
+        whole = local and len(self.outer.fragments) == 1 and not self.alpha
         dist.all_gather_object(digests, self.weights_digest() if whole else _digest([self.outer.global_flat]))
         if len(set(digests)) != 1:
             raise RuntimeError(f"island {self.island_id}: islands hold different weights after merge "
@@ -155,7 +231,9 @@ class Island:
             tokens_seen=self.tokens_seen,
             model_state={k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()},
             inner_optimizer_state=self.inner.state_dict(),
-            outer_optimizer_state=self.outer.state_dict(),
+            outer_optimizer_state={**self.outer.state_dict(),
+                                   "in_flight": self.pending.state() if self.pending is not None else {},
+                                   "anchor": self.anchor.clone() if self.anchor is not None else torch.empty(0)},
             rng_state=capture_rng_state(),
             controller_state=controller_state or {},
             extra={"losses": self.losses, "tokens_since_merge": self.tokens_since_merge},
@@ -171,6 +249,12 @@ class Island:
         self.tokens_seen = ckpt.tokens_seen
         self.losses = [(int(s), float(v)) for s, v in ckpt.extra["losses"]]
         self.tokens_since_merge = int(ckpt.extra["tokens_since_merge"])
+        in_flight = ckpt.outer_optimizer_state["in_flight"]
+        if self.overlapped:
+            self.anchor = ckpt.outer_optimizer_state["anchor"].clone()
+        # every island restores the same merge, so each launches the same all-reduce again
+        self.pending = (self.outer.relaunch(in_flight, torch_all_reduce_start(device=_collective_device(self.model)))
+                        if in_flight else None)
 
 
 def _digest(tensors: Iterable[torch.Tensor]) -> str:
@@ -178,6 +262,16 @@ def _digest(tensors: Iterable[torch.Tensor]) -> str:
     for t in tensors:
         digest.update(t.detach().cpu().float().numpy().tobytes())
     return digest.hexdigest()
+
+
+def _launched(outer: OuterOptimizer, pending: PendingSync) -> MergeStats:
+    """What is known of a merge whose outer step is applied later: no averaged pseudo-gradient yet."""
+    payload = outer.payload_bytes_of(pending.fragment)
+    return MergeStats(merge_index=pending.index, num_islands=outer.num_islands, weight=pending.weight,
+                      payload_bytes=payload, bytes_communicated=ring_all_reduce_bytes(payload, outer.num_islands),
+                      wall_time_s=0.0, local_pseudo_gradient_norm=pending.local_norm,
+                      averaged_pseudo_gradient_norm=float("nan"), fragment=pending.fragment,
+                      applied_step=pending.apply_step)
 
 
 def _collective_device(model: torch.nn.Module) -> torch.device | None:
@@ -269,11 +363,13 @@ class DistributedLearners:
         self.channel.settle()
         stats = self.island.merge(self.token_weighted, fragment)
         self.on_merged(stats)
-        return SyncEvent(stats.fragment, stats.payload_bytes, stats.bytes_communicated)
+        return SyncEvent(stats.fragment, stats.payload_bytes, stats.bytes_communicated, stats.applied_step)
 
     def stop(self) -> None:
+        """Tell every island to stop; each applies the merge still in flight first."""
         self.channel.send(CMD_STOP)
         self.channel.settle()
+        self.island.settle()
 
 
 def follow(island: Island, token_weighted: bool, on_merged: Callable[[MergeStats], None]) -> None:
@@ -291,6 +387,7 @@ def follow(island: Island, token_weighted: bool, on_merged: Callable[[MergeStats
                                    f"{island.next_fragment}")
             on_merged(island.merge(token_weighted, arg))
         elif cmd == CMD_STOP:
+            island.settle()
             return
         else:  # pragma: no cover - protocol violation
             raise RuntimeError(f"island {island.island_id}: unknown command {cmd} from rank 0")

@@ -31,8 +31,10 @@ byte, as the full merge. A merge is `launch` (pseudo-gradient, all-reduce
 started) then `finish` (average, outer step, local update), which mixes the
 fragment's local parameters with the new global ones
 (``local = alpha * local + (1 - alpha) * global``; alpha 0 overwrites them).
-The islands finish every merge at once (`blocking_start`); the split is where
-a sync that overlaps the next inner steps will finish later.
+Between the two the islands may train on (`fragment_sync_delay`); `apply` is
+the outer step alone, for an overlapped merge whose islands set their local
+parameters themselves (`syncsafe.diloco.islands`). A launched merge's state
+(`PendingSync.state`) goes into a checkpoint and is launched again on resume.
 """
 
 from __future__ import annotations
@@ -72,6 +74,8 @@ class MergeStats:
     averaged_pseudo_gradient_norm: float
     #: The fragment merged (0: the whole model when there is one).
     fragment: int = 0
+    #: The island's inner step when the outer step was applied (-1: not known here; the islands set it).
+    applied_step: int = -1
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -79,13 +83,24 @@ class MergeStats:
 
 @dataclass
 class PendingSync:
-    """A launched merge of one fragment: its all-reduce in flight until `OuterOptimizer.finish`."""
+    """A launched merge of one fragment: its all-reduce in flight until `OuterOptimizer.finish` (or `apply`)."""
 
     fragment: int
     wait: Callable[[], torch.Tensor]
     weight: float
     local_norm: float
     started: float
+    #: The buffer sent (this island's weighted pseudo-gradient and weight), kept intact for a checkpoint.
+    sent: torch.Tensor
+    #: The merge's ordinal among all merges launched (0 first).
+    index: int
+    #: The inner step at which its outer step is applied (the launch step when it is applied at once).
+    apply_step: int
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps of it: enough to launch the same all-reduce again on resume."""
+        return {"fragment": self.fragment, "sent": self.sent.clone(), "weight": self.weight,
+                "local_norm": self.local_norm, "index": self.index, "apply_step": self.apply_step}
 
 
 @dataclass(frozen=True)
@@ -194,7 +209,9 @@ class OuterOptimizer:
         #: One leaf view of `global_flat` per fragment: the outer step updates the flat vector in place.
         self.fragment_params = [nn.Parameter(self.global_flat[f.start:f.end]) for f in self.fragments]
         self.sgd = torch.optim.SGD(self.fragment_params, lr=lr, momentum=momentum, nesterov=nesterov)
+        #: Merges whose outer step is applied, and merges launched (ahead by those still in flight).
         self.merges_done = 0
+        self.merges_launched = 0
         # Reused each merge of a fragment: its weighted pseudo-gradient followed by the weight itself.
         self._send_buffers = [torch.empty(f.numel + 1, dtype=torch.float32) for f in self.fragments]
 
@@ -228,9 +245,13 @@ class OuterOptimizer:
         """
         return self.finish(local_model, self.launch(local_model, blocking_start(all_reduce_mean), weight, fragment))
 
-    def launch(self, local_model: nn.Module, start: AllReduceStart, weight: float = 1.0,
-               fragment: int = 0) -> PendingSync:
-        """The merge of `fragment` up to its all-reduce: this island's weighted pseudo-gradient, sent."""
+    def launch(self, local_model: nn.Module, start: AllReduceStart, weight: float = 1.0, fragment: int = 0,
+               reference: torch.Tensor | None = None, apply_step: int = 0) -> PendingSync:
+        """The merge of `fragment` up to its all-reduce: this island's weighted pseudo-gradient, sent.
+
+        The pseudo-gradient is ``reference - local`` over the fragment's range; `reference` defaults to the
+        global parameters (an overlapped merge passes the local parameters its round started from).
+        """
         if not (math.isfinite(weight) and weight >= 0.0):
             raise ValueError(f"merge weight must be finite and >= 0, got {weight}")
         started = time.perf_counter()
@@ -238,15 +259,31 @@ class OuterOptimizer:
         buffer = self._send_buffers[fragment]
         pseudo_gradient = buffer[: frag.numel]
         _flatten_range(local_model, frag, pseudo_gradient)
-        torch.sub(self.global_flat.detach()[frag.start : frag.end], pseudo_gradient, out=pseudo_gradient)
+        base = self.global_flat.detach() if reference is None else reference
+        torch.sub(base[frag.start : frag.end], pseudo_gradient, out=pseudo_gradient)
         local_norm = float(pseudo_gradient.norm())
         pseudo_gradient.mul_(weight)
         buffer[frag.numel] = weight
-        return PendingSync(fragment, start(buffer), float(weight), local_norm, started)
+        index = self.merges_launched
+        self.merges_launched += 1
+        return PendingSync(fragment, start(buffer), float(weight), local_norm, started, buffer, index, apply_step)
 
-    def finish(self, local_model: nn.Module, pending: PendingSync, alpha: float = 0.0) -> MergeStats:
-        """The rest of a launched merge: the averaged pseudo-gradient, the outer step of its fragment, and the
-        fragment's local parameters set to ``alpha * local + (1 - alpha) * global`` (alpha 0: the global ones)."""
+    def relaunch(self, state: Mapping[str, Any], start: AllReduceStart) -> PendingSync:
+        """A checkpointed launched merge (`PendingSync.state`), its all-reduce started again (on resume)."""
+        fragment = int(state["fragment"])
+        buffer = self._send_buffers[fragment]
+        if tuple(state["sent"].shape) != tuple(buffer.shape):
+            raise ValueError(f"checkpointed sync of fragment {fragment} sent {tuple(state['sent'].shape)}, "
+                             f"this model's buffer is {tuple(buffer.shape)}")
+        buffer.copy_(state["sent"])
+        return PendingSync(fragment, start(buffer), float(state["weight"]), float(state["local_norm"]),
+                           time.perf_counter(), buffer, int(state["index"]), int(state["apply_step"]))
+
+    def apply(self, pending: PendingSync) -> MergeStats:
+        """The outer step of a launched merge: wait for its average and update the fragment's global range.
+
+        The local parameters are left as they are (`finish` sets them; an overlapped merge sets them itself).
+        """
         frag = self.fragments[pending.fragment]
         reduced = pending.wait().to(device="cpu", dtype=torch.float32)
         averaged = self._average_from(reduced, frag.numel)
@@ -254,14 +291,10 @@ class OuterOptimizer:
         param.grad = averaged
         self.sgd.step()
         param.grad = None
-        merged = self.global_flat.detach()[frag.start : frag.end]
-        if alpha:
-            merged = alpha * _flatten_range(local_model, frag, torch.empty(frag.numel)) + (1.0 - alpha) * merged
-        _assign_range(local_model, frag, merged)
         self.merges_done += 1
         payload = self.payload_bytes_of(pending.fragment)
         return MergeStats(
-            merge_index=self.merges_done - 1,
+            merge_index=pending.index,
             num_islands=self.num_islands,
             weight=pending.weight,
             payload_bytes=payload,
@@ -271,6 +304,17 @@ class OuterOptimizer:
             averaged_pseudo_gradient_norm=float(averaged.norm()),
             fragment=pending.fragment,
         )
+
+    def finish(self, local_model: nn.Module, pending: PendingSync, alpha: float = 0.0) -> MergeStats:
+        """The rest of a launched merge: the averaged pseudo-gradient, the outer step of its fragment, and the
+        fragment's local parameters set to ``alpha * local + (1 - alpha) * global`` (alpha 0: the global ones)."""
+        stats = self.apply(pending)
+        frag = self.fragments[pending.fragment]
+        merged = self.global_flat.detach()[frag.start : frag.end]
+        if alpha:
+            merged = alpha * _flatten_range(local_model, frag, torch.empty(frag.numel)) + (1.0 - alpha) * merged
+        _assign_range(local_model, frag, merged)
+        return stats
 
     def _average_from(self, reduced: torch.Tensor, n: int) -> torch.Tensor:
         if reduced.shape != (n + 1,):
@@ -289,6 +333,7 @@ class OuterOptimizer:
             "shapes": [list(shape) for shape in self.layout.shapes],
             "num_islands": self.num_islands,
             "merges_done": self.merges_done,
+            "merges_launched": self.merges_launched,
             "global_flat": self.global_flat.detach().clone(),
             "sgd": copy.deepcopy(self.sgd.state_dict()),
         }
@@ -315,3 +360,4 @@ class OuterOptimizer:
         # deepcopy: torch would otherwise alias the caller's momentum buffers.
         self.sgd.load_state_dict(copy.deepcopy(state["sgd"]))
         self.merges_done = int(state["merges_done"])
+        self.merges_launched = int(state["merges_launched"])

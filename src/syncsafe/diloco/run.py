@@ -117,9 +117,12 @@ def make_island(params: Params, world: World, res: Resources, seed: int, fault: 
                                fragments=cfg.sync.fragments)
     except FragmentError as err:
         raise BadInput(str(err)) from None
+    overlapped = cfg.sync.mode == "overlapped"
     return Island(island_id=world.island_id, model=model, inner=inner, outer=outer,
                   batches=res.batches_for(world.island_id, world.num_islands, seed, 0),
-                  tokens_per_step=cfg.batch_size * cfg.seq_len, fault=fault, alpha=cfg.sync.fragment_update_alpha)
+                  tokens_per_step=cfg.batch_size * cfg.seq_len, fault=fault, alpha=cfg.sync.fragment_update_alpha,
+                  sync_delay=cfg.sync.fragment_sync_delay, overlapped=overlapped,
+                  overlap_rounds=cfg.sync.overlap_rounds if overlapped else 0)
 
 
 def train_run(params: Params, regime: str, policy_name: str, seed: int, root: Path, world: World,
@@ -146,13 +149,20 @@ def train_run(params: Params, regime: str, policy_name: str, seed: int, root: Pa
     started = time.perf_counter()
 
     def save_island(stats: MergeStats) -> None:
-        merge_log.append({"merge": island.outer.merges_done, "step": island.step, **stats.to_dict()})
-        save_checkpoint(layout.island_state_file(layout.merge_checkpoint_dir(run_dir, island.outer.merges_done),
+        merge_log.append({"merge": island.merges_launched, "step": island.step, **stats.to_dict()})
+        save_checkpoint(layout.island_state_file(layout.merge_checkpoint_dir(run_dir, island.merges_launched),
                                                 world.island_id),
                         island.checkpoint())
         dist.barrier()
 
+    def log_applied(stats: MergeStats) -> None:
+        """A merge applied after its launch (`fragment_sync_delay`, overlapped): complete its merge_log row."""
+        row = next(r for r in merge_log if r["merge_index"] == stats.merge_index)
+        row.update(averaged_pseudo_gradient_norm=stats.averaged_pseudo_gradient_norm,
+                   wall_time_s=stats.wall_time_s, applied_step=stats.applied_step)
+
     if world.rank == 0:
+        island.on_applied = log_applied
         signals = TimelineSignals(load_timeline(root, regime, seed))
         policy = _policy(params, policy_name, seed, signals.step_s)
         if saved_policy is not None:
@@ -163,7 +173,7 @@ def train_run(params: Params, regime: str, policy_name: str, seed: int, root: Pa
             record["t_s"] = result.merge_starts_s[-1]
             if cfg.merge_eval_batches:
                 record["eval_loss"] = island.eval_loss(res.eval_batches[: cfg.merge_eval_batches])
-            k = island.outer.merges_done
+            k = island.merges_launched
             io.write_text(layout.controller_state_file(layout.merge_checkpoint_dir(run_dir, k)), json.dumps(
                 {"state": result.to_dict(), "policy": policy.name, "policy_state": policy.state(), "merges": merge_log},
                 default=_plain) + "\n")

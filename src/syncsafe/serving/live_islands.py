@@ -71,7 +71,7 @@ def checkpointer(run_dir: Path, island: Island, log: list[dict[str, Any]] | None
     def save(stats: MergeStats) -> None:
         if log is not None:
             log.append(stats.to_dict())
-        k = island.outer.merges_done
+        k = island.merges_launched
         save_checkpoint(layout.island_state_file(layout.merge_checkpoint_dir(run_dir, k), island.island_id),
                         island.checkpoint())
         dist.barrier()

@@ -131,7 +131,20 @@ def test_outer_state_of_another_fragment_count_is_refused():
 def test_streaming_settings_are_checked_where_they_are_read(tiny_raw):
     raw = tiny_raw()
     raw["train"]["sync"] = {"mode": "full", "fragments": 2}
-    with pytest.raises(ConfigError, match="train.sync.*streaming settings: with mode full they are 1 and 0"):
+    with pytest.raises(ConfigError, match=r"train.sync.*fragments \(2\): streaming settings; with mode full they "
+                                          r"are fragments 1, fragment_update_alpha 0, fragment_sync_delay 0"):
+        parse_params(raw)
+    raw["train"]["sync"] = {"mode": "overlapped", "fragment_sync_delay": 2}  # a streaming setting
+    with pytest.raises(ConfigError, match=r"fragment_sync_delay \(2\): streaming settings; with mode overlapped"):
+        parse_params(raw)
+    raw["train"]["sync"] = {"mode": "streaming", "fragments": 2, "overlap_rounds": 1}
+    with pytest.raises(ConfigError, match=r"overlap_rounds \(1\) is an overlapped setting; with mode streaming"):
+        parse_params(raw)
+    raw["train"]["sync"] = {"mode": "overlapped", "overlap_rounds": 2}
+    with pytest.raises(ConfigError, match="overlap_rounds"):
+        parse_params(raw)
+    raw["train"]["sync"] = {"mode": "streaming", "fragments": 2, "fragment_sync_delay": raw["control"]["min_h"] + 1}
+    with pytest.raises(ConfigError, match=r"train.sync.fragment_sync_delay \(\d+\) must be <= control.min_h"):
         parse_params(raw)
     raw["train"]["sync"] = {"mode": "streaming", "fragments": 3}  # the builtin model has 2 layers
     with pytest.raises(ConfigError, match=r"sync.fragments \(3\) exceeds model.num_layers \(2\)"):

@@ -17,6 +17,7 @@ from outer_case import LR, MOMENTUM, ThreadedAllReduce, hand_outer_steps, island
 from syncsafe.diloco.outer import (
     MergeStats,
     OuterOptimizer,
+    blocking_start,
     flatten_parameters,
     ring_all_reduce_bytes,
 )
@@ -149,3 +150,49 @@ def test_invalid_weight_is_rejected_before_communicating(weight: float) -> None:
 
     with pytest.raises(ValueError, match="weight"):
         OuterOptimizer(make_model(), num_islands=2).merge(make_model(), must_not_communicate, weight)
+
+
+def test_a_merge_applied_later_or_relaunched_from_its_state_takes_the_same_outer_step() -> None:
+    """launch + apply is the outer step with the local model left alone; a checkpointed launch, sent again
+    after a restart, gives the same global parameters; finish is apply plus the local reset of merge."""
+    weights = [1.0, 2.0]
+    outers, models = simulate(weights, num_merges=0)
+    for island, model in enumerate(models):
+        train_island(model, island, merge=0)
+    locals_before = [flatten_parameters(model) for model in models]
+    reference = [OuterOptimizer(make_model(), num_islands=2) for _ in weights]
+    reference_models = [make_model() for _ in weights]
+    for model, source in zip(reference_models, models):
+        model.load_state_dict(source.state_dict())
+    merge_all(reference, reference_models, weights)
+
+    def run_all(step):
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            return [f.result(timeout=60) for f in [pool.submit(step, i) for i in range(2)]]
+
+    collective = ThreadedAllReduce(2)
+    pending = run_all(lambda i: outers[i].launch(models[i], blocking_start(collective.for_island(i)), weights[i],
+                                                 apply_step=7))
+    assert [p.index for p in pending] == [0, 0] and all(o.merges_launched == 1 and o.merges_done == 0 for o in outers)
+    saved = [p.state() for p in pending]
+    assert saved[0]["apply_step"] == 7
+    stats = [outer.apply(p) for outer, p in zip(outers, pending)]
+    assert all(o.merges_done == 1 for o in outers) and stats[0].merge_index == 0
+    assert torch.equal(outers[0].global_flat, reference[0].global_flat)
+    assert all(torch.equal(flatten_parameters(m), before) for m, before in zip(models, locals_before))
+
+    restarted = [OuterOptimizer(make_model(), num_islands=2) for _ in weights]
+    again = ThreadedAllReduce(2)
+    relaunched = run_all(lambda i: restarted[i].relaunch(saved[i], blocking_start(again.for_island(i))))
+    finished = [outer.finish(model, p) for outer, model, p in zip(restarted, models, relaunched)]
+    assert torch.equal(restarted[1].global_flat, reference[1].global_flat)
+    assert torch.equal(flatten_parameters(models[1]), flatten_parameters(reference_models[1]))
+    assert finished[1].averaged_pseudo_gradient_norm == pytest.approx(stats[1].averaged_pseudo_gradient_norm)
+
+
+def test_a_relaunch_of_another_models_sync_is_rejected() -> None:
+    model = make_model()
+    pending = OuterOptimizer(model, num_islands=1).launch(model, blocking_start(lambda t: t.clone()))
+    state = {**pending.state(), "sent": torch.zeros(3)}
+    with pytest.raises(ValueError, match=r"checkpointed sync of fragment 0 sent \(3,\)"):
+        OuterOptimizer(make_model(), num_islands=1).relaunch(state, blocking_start(lambda t: t.clone()))
