@@ -106,33 +106,62 @@ def _gate_of(sync: float | None, drift: float | None) -> tuple[float | None, flo
 
 def bootstrap_gates(pairs: GatePairs, seed: int = 0, n_bootstrap: int = N_BOOTSTRAP) -> np.ndarray:
     """The gate ratio of each block-bootstrap resample (NaN where a resample has no statistic)."""
+    if pairs.size == 0:
+        return np.full(n_bootstrap, np.nan)
     blocks, inverse = np.unique(pairs.block, return_inverse=True)
-    # the rows of block i are order[start[i]:start[i] + count[i]] (ascending, as flatnonzero(inverse == i))
-    order = np.argsort(inverse, kind="stable")
-    count = np.bincount(inverse, minlength=blocks.size)
-    start = np.concatenate([[0], np.cumsum(count)[:-1]])
     seeds = blocks // BLOCK_STRIDE
     per_seed = [np.flatnonzero(seeds == s) for s in np.unique(seeds)]
-    latencies = np.vstack([pairs.mine, pairs.twin, pairs.other])
-    finite = bool(np.isfinite(latencies).all())
     rng = np.random.default_rng([seed, 0x6A7E])
+    # how often each resample draws each block: blocks with replacement within each seed
+    counts = np.zeros(n_bootstrap * blocks.size, dtype=np.int64)
+    offsets = (np.arange(n_bootstrap) * blocks.size)[:, None]
+    for idx in per_seed:
+        drawn = idx[rng.integers(0, idx.size, (n_bootstrap, idx.size))]
+        counts += np.bincount((offsets + drawn).ravel(), minlength=counts.size)
+    taken = counts.reshape(n_bootstrap, blocks.size)
+    latencies = np.vstack([pairs.mine, pairs.twin, pairs.other])
+    if bool(np.isfinite(latencies).all()):  # the common case: every latency measured
+        return np.concatenate([np.empty(0)] + [_gates_of_resamples(latencies, inverse, taken[i : i + _CHUNK])
+                                               for i in range(0, n_bootstrap, _CHUNK)])
     out = np.full(n_bootstrap, np.nan)
     for b in range(n_bootstrap):
-        # blocks drawn with replacement within each seed (the draws `rng.choice(idx, idx.size)` makes)
-        chosen = np.concatenate([idx[rng.integers(0, idx.size, idx.size)] for idx in per_seed]) if per_seed else []
-        if not len(chosen):
-            continue
-        lengths = count[chosen]
-        ends = np.cumsum(lengths)
-        rows = order[np.repeat(start[chosen] - (ends - lengths), lengths) + np.arange(ends[-1])]
-        if not rows.size:
-            continue
-        if finite:  # one partition for the three p95s (the common case: every latency measured)
-            mine, twin, other = p95_rows(latencies[:, rows])
-            g = _gate_of(mine / twin, other / twin)[2] if twin > 0 else None
-        else:
+        rows = np.repeat(np.arange(pairs.size), taken[b][inverse])  # each row as often as its block was drawn
+        if rows.size:
             g = gate_statistic(pairs.take(rows))[2]
-        out[b] = np.nan if g is None else g
+            out[b] = np.nan if g is None else g
+    return out
+
+
+#: Resamples evaluated at once by `_gates_of_resamples` (bounds its (resamples x rows) arrays).
+_CHUNK = 128
+
+
+def _gates_of_resamples(latencies: np.ndarray, inverse: np.ndarray, taken: np.ndarray) -> np.ndarray:
+    """The gate ratio of each resample, every resample at once: resample r holds each row of block j
+    `taken[r, j]` times, so its p95 of a series is the weighted quantile of that series' sorted values,
+    read at the ranks `p95_rows` reads (the same two order statistics and the same arithmetic)."""
+    weight = taken[:, inverse].astype(np.int32)  # counts of a few thousand rows at most: int32 sums are faster
+    n = weight.sum(axis=1)
+    index = (n - 1) * 0.95
+    lo = np.floor(index).astype(np.int64)
+    hi = np.minimum(lo + 1, n - 1)
+    gamma = index - lo
+    p95 = []
+    for series in latencies:
+        order = np.argsort(series, kind="stable")
+        cum = np.cumsum(weight[:, order], axis=1)
+        ranked = series[order]
+        a = ranked[np.minimum((cum <= lo[:, None]).sum(axis=1), series.size - 1)]
+        b = ranked[np.minimum((cum <= hi[:, None]).sum(axis=1), series.size - 1)]
+        diff = b - a
+        p95.append(np.where(gamma >= 0.5, b - diff * (1.0 - gamma), a + diff * gamma))
+    mine, twin, other = p95
+    out = np.full(len(taken), np.nan)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sync, drift = mine / twin, other / twin
+        gate = sync / np.maximum(drift, 1.0 / drift)
+    ok = (n > 0) & (twin > 0) & (drift > 0)
+    out[ok] = gate[ok]
     return out
 
 

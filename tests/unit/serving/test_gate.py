@@ -70,16 +70,18 @@ def test_a_resample_without_rows_counts_against_the_bound_it_could_not_support()
 
 
 def _bootstrap_by_definition(pairs: GatePairs, seed: int, n_bootstrap: int) -> np.ndarray:
-    """The block bootstrap written plainly: per resample, each seed's blocks drawn with replacement
-    (`rng.choice`), their rows gathered block by block, the statistic from `gate_statistic`."""
+    """The block bootstrap written plainly: each seed's blocks drawn with replacement (`rng.choice`), for
+    every resample at once and seed after seed, each resample's rows gathered block by block, the statistic
+    from `gate_statistic`."""
     blocks, inverse = np.unique(pairs.block, return_inverse=True)
     rows_of = [np.flatnonzero(inverse == i) for i in range(blocks.size)]
     seeds = blocks // 1_000_000
     per_seed = [np.flatnonzero(seeds == s) for s in np.unique(seeds)]
     rng = np.random.default_rng([seed, 0x6A7E])
+    draws = [rng.choice(idx, size=(n_bootstrap, idx.size)) for idx in per_seed]
     out = np.full(n_bootstrap, np.nan)
     for b in range(n_bootstrap):
-        chosen = np.concatenate([rng.choice(idx, size=idx.size) for idx in per_seed])
+        chosen = np.concatenate([drawn[b] for drawn in draws])
         g = gate_statistic(pairs.take(np.concatenate([rows_of[i] for i in chosen])))[2]
         out[b] = np.nan if g is None else g
     return out
