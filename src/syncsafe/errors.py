@@ -16,6 +16,8 @@ from __future__ import annotations
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
+#: The line an island writes before exiting 2 on bad input; its launcher repeats what follows it.
+BAD_INPUT_MARK = "bad input:"
 EXIT_ISLAND_LOST = 3
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143  # 128 + SIGTERM

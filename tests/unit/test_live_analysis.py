@@ -8,7 +8,8 @@ import pytest
 from syncsafe.analysis.live import LIVE_TEST, TIER_BEATS, TIER_NONE, live_section, live_seeds, live_tests, live_tier, live_verdicts
 from syncsafe.analysis.evidence import MechanismEvidence, RegimeMechanism
 from syncsafe.analysis.protocol import with_adjusted_p
-from syncsafe.serving.live import INDEX_COLUMNS, LIVE_INDEX
+from syncsafe.artifacts.layout import LIVE_INDEX
+from syncsafe.artifacts.live_runs import INDEX_COLUMNS
 
 
 def _index(rates: dict[int, tuple[float, float, float, float]], degraded: tuple[int, ...] = ()) -> pd.DataFrame:

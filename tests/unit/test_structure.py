@@ -56,6 +56,9 @@ def test_the_dependency_walk_sees_function_level_imports_and_module_processes():
     # training starts `python -m syncsafe.diloco.worker` processes; live its island processes
     train = {str(p.relative_to(PACKAGE)) for p in dvc_yaml.code_files(stage("train"), ROOT)}
     assert "diloco/worker.py" in train
+    # the launcher names the worker through a constant and imports nothing of it: the islands' code (the
+    # controller, the outer step) is reached through the process alone
+    assert {"control/controller.py", "diloco/outer.py", "diloco/islands.py"} <= train
     live = {str(p.relative_to(PACKAGE)) for p in dvc_yaml.code_files(stage("live"), ROOT)}
     assert "serving/live_islands.py" in live
 

@@ -30,10 +30,9 @@ from tqdm import tqdm
 
 from syncsafe.config import Params
 from syncsafe.diloco.hub import check_hub_inputs
-from syncsafe.diloco.resources import prepare_tokenizer
-from syncsafe.diloco.run import TRAIN_LOG_DIR, is_complete, train_dir
-from syncsafe.diloco.worker import BAD_INPUT_MARK
-from syncsafe.errors import EXIT_BAD_INPUT, EXIT_ISLAND_LOST, BadInput
+from syncsafe.artifacts import layout
+from syncsafe.artifacts.train_runs import is_complete
+from syncsafe.errors import BAD_INPUT_MARK, EXIT_BAD_INPUT, EXIT_ISLAND_LOST, BadInput
 from syncsafe.procs import LOOPBACK_ENV, STORE_FD_ENV, descendants, die_with_parent, listening_socket, log_tail
 
 GRACE_S = 10.0
@@ -82,7 +81,7 @@ def _launch(params_path: Path, regime: str, root: Path, island_ids: list[int], r
             resume: bool, attempt: int, fault: str | None, timeout_s: float,
             progress: tqdm) -> Exit | None:
     """Run one island group to completion; return the first island that failed, if any."""
-    log_dir = Path(root) / TRAIN_LOG_DIR / regime
+    log_dir = Path(root) / layout.TRAIN_LOGS / regime
     log_dir.mkdir(parents=True, exist_ok=True)
     listener = listening_socket()  # rank 0's store serves on it: the port is ours from now on
     port = listener.getsockname()[1]
@@ -123,7 +122,7 @@ def _launch(params_path: Path, regime: str, root: Path, island_ids: list[int], r
                         deadline = time.monotonic()
                     elif p.returncode != 0 and deadline is None:
                         deadline = time.monotonic() + timeout_s + GRACE_S
-            done = sum(is_complete(train_dir(root, regime, p, s)) for p, s in runs)
+            done = sum(is_complete(layout.train_run_dir(root, regime, p, s)) for p, s in runs)
             if done > progress.n:
                 progress.update(done - progress.n)
             if deadline is not None and time.monotonic() > deadline:
@@ -169,10 +168,11 @@ def bad_input_line(log: Path) -> str:
 
 def preflight(params: Params, root: Path) -> None:
     """Resolve what every island will load, in this process, before any island starts: bad input (a hub id
-    not in the cache, a dataset directory without documents, a missing package) is one line and exit 2."""
-    if params.train.source == "builtin":
-        prepare_tokenizer(params, root)  # once, before the islands race for the cache
-    else:
+    not in the cache, a dataset directory without documents, a missing package) is one line and exit 2.
+
+    The builtin corpus and tokenizer are the islands' own to build (the first under the cache's lock, the
+    others reuse it): this process imports neither torch nor transformers, so the islands start at once."""
+    if params.train.source == "hub":
         check_hub_inputs(params)
 
 
@@ -190,7 +190,7 @@ def train_regime(params: Params, params_path: Path, regime: str, root: Path = Pa
     attempt = 0
     with tqdm(total=len(runs), desc=f"train {regime}", unit="run", leave=False) as progress, terminated_as_exit():
         while True:
-            pending = [r for r in runs if not is_complete(train_dir(root, regime, *r))] if (resume or attempt) else runs
+            pending = [r for r in runs if not is_complete(layout.train_run_dir(root, regime, *r))] if (resume or attempt) else runs
             if not pending:
                 break
             lost = _launch(params_path, regime, root, islands, pending, resume or attempt > 0, attempt, fault,
@@ -206,7 +206,7 @@ def train_regime(params: Params, params_path: Path, regime: str, root: Path = Pa
             survivors = [i for i in islands if i != lost.island]
             if params.train.on_island_failure == "fail" or not survivors:
                 raise IslandLost(message)
-            interrupted = next(r for r in pending if not is_complete(train_dir(root, regime, *r)))
+            interrupted = next(r for r in pending if not is_complete(layout.train_run_dir(root, regime, *r)))
             print(f"{message}\ncontinuing {regime}/{interrupted[0]}/seed-{interrupted[1]} on islands {survivors}",
                   file=sys.stderr)
             again = _launch(params_path, regime, root, survivors, [interrupted], True, attempt, None, timeout,
@@ -215,4 +215,4 @@ def train_regime(params: Params, params_path: Path, regime: str, root: Path = Pa
             if again is not None:
                 raise IslandLost(f"train {regime}: island {again.island} {again.describe()} while continuing on "
                                  f"survivors; log {again.log}:\n{log_tail(again.log, 15)}")
-    return [train_dir(root, regime, p, s) for p, s in runs]
+    return [layout.train_run_dir(root, regime, p, s) for p, s in runs]

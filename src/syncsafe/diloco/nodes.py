@@ -31,9 +31,8 @@ from pathlib import Path
 from syncsafe.config import Params
 from syncsafe.diloco.heartbeat import ISLAND_LOST_MARK
 from syncsafe.diloco.launch import GRACE_S, ISLAND_MODULE, IslandLost, island_processes, preflight, terminated_as_exit
-from syncsafe.diloco.run import TRAIN_LOG_DIR, train_dir
-from syncsafe.diloco.worker import BAD_INPUT_MARK
-from syncsafe.errors import BadInput
+from syncsafe.artifacts import layout
+from syncsafe.errors import BAD_INPUT_MARK, BadInput
 from syncsafe.procs import die_with_parent, host_label, log_tail
 
 #: The port torchrun's c10d rendezvous store listens on when `--rdzv-endpoint` names none.
@@ -164,7 +163,7 @@ def train_node(params: Params, params_path: Path, regime: str, root: Path, launc
     launch.check_islands(params)
     preflight(params, root)  # the same checks, and the same tokenizer cache, as on one machine
     host = host_label()
-    log_dir = Path(root) / TRAIN_LOG_DIR / regime / f"node-{host}"
+    log_dir = Path(root) / layout.TRAIN_LOGS / regime / f"node-{host}"
     attempt = len(list(log_dir.glob("attempt-*"))) if log_dir.is_dir() else 0
     log_dir = log_dir / f"attempt-{attempt}"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -188,4 +187,4 @@ def train_node(params: Params, params_path: Path, regime: str, root: Path, launc
         raise NodeFailed(f"train {regime} on host {host}: torchrun exited with code {returncode}; "
                          f"log {agent_log}:\n{log_tail(agent_log, 15)}")
     runs = [(p, s) for p in (policies or params.control.policies) for s in (seeds or params.seeds)]
-    return [train_dir(root, regime, p, s) for p, s in runs]
+    return [layout.train_run_dir(root, regime, p, s) for p, s in runs]

@@ -118,7 +118,10 @@ def load_or_build_tokenizer(
     vocab_size: int = DEFAULT_VOCAB_SIZE,
     min_frequency: int = 2,
 ) -> PreTrainedTokenizerFast:
-    """Reuse the tokenizer in ``directory`` if its fingerprint matches, else train and save it."""
+    """Reuse the tokenizer in ``directory`` if its fingerprint matches, else train and save it.
+
+    Either way the tokenizer returned is the one read back from ``directory``: whichever island process
+    trained it, every process (and so every export) holds the same object as the ones that reused it."""
     directory = Path(directory)
     fingerprint = tokenizer_fingerprint(corpus_fingerprint, vocab_size, min_frequency)
     if read_cached_fingerprint(directory) == fingerprint:
@@ -130,4 +133,4 @@ def load_or_build_tokenizer(
         (tmp_dir / FINGERPRINT_FILE).write_text(json.dumps({"fingerprint": fingerprint}, indent=2) + "\n")
 
     replace_directory(directory, write)
-    return tokenizer
+    return PreTrainedTokenizerFast.from_pretrained(directory)

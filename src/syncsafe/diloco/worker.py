@@ -25,16 +25,12 @@ import torch
 import torch.distributed as dist
 
 from syncsafe.config import Params, load_params
-from syncsafe.errors import EXIT_BAD_INPUT, BadInput
+from syncsafe.errors import BAD_INPUT_MARK, EXIT_BAD_INPUT, BadInput
 from syncsafe.diloco.heartbeat import Heartbeat, Identity
 from syncsafe.diloco.islands import Fault
 from syncsafe.diloco.resources import builtin_resources, hub_resources
 from syncsafe.diloco.run import World, is_complete, train_dir, train_run
 from syncsafe.procs import LOOPBACK, host_label, inherited_listener, local_address_towards, loopback_store
-
-
-#: The line an island writes before exiting 2 on bad input; the launcher repeats what follows it.
-BAD_INPUT_MARK = "bad input:"
 
 
 def _world(params: Params, island_ids: list[int] | None) -> World:

@@ -3,7 +3,8 @@
 The walk is conservative: an import inside a function counts as much as one at
 module level, importing ``a.b.c`` runs ``a/__init__`` and ``a/b/__init__`` too,
 and a module started as a process (``[python, "-m", "syncsafe.x.y", ...]``) is a
-dynamic import target. It is what dvc.yaml's code deps are computed from and
+dynamic import target, its name written out or held in a module-level string constant
+(``ISLAND_MODULE = "syncsafe.diloco.worker"``). It is what dvc.yaml's code deps are computed from and
 what the structure tests check them against.
 """
 
@@ -36,18 +37,28 @@ def _package_of(path: Path) -> str:
     return ".".join(path.resolve().relative_to(SRC).with_suffix("").parts[:-1]) if path.resolve().is_relative_to(SRC) else ""
 
 
-def _process_targets(node: ast.AST) -> set[str]:
-    """`syncsafe...` modules started with `-m` in a list or tuple literal."""
+def _process_targets(node: ast.AST, constants: dict[str, str]) -> set[str]:
+    """`syncsafe...` modules started with `-m` in a list or tuple literal (by name, or by a module-level
+    string constant of the file, `constants`)."""
     if not isinstance(node, (ast.List, ast.Tuple)):
         return set()
-    words = [e.value if isinstance(e, ast.Constant) and isinstance(e.value, str) else None for e in node.elts]
+    words = [e.value if isinstance(e, ast.Constant) and isinstance(e.value, str)
+             else constants.get(e.id) if isinstance(e, ast.Name) else None for e in node.elts]
     return {nxt for flag, nxt in zip(words, words[1:]) if flag == "-m" and nxt}
+
+
+def _string_constants(tree: ast.Module) -> dict[str, str]:
+    """The file's module-level `NAME = "..."` assignments."""
+    return {node.targets[0].id: node.value.value for node in tree.body
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+            and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)}
 
 
 @lru_cache(maxsize=None)
 def _imported(path: Path) -> frozenset[str]:
     tree = ast.parse(path.read_text(encoding="utf-8"))
     package = _package_of(path)
+    constants = _string_constants(tree)
     found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -60,7 +71,7 @@ def _imported(path: Path) -> frozenset[str]:
             found.add(base)
             found.update(f"{base}.{alias.name}" for alias in node.names)  # `from pkg import module`
         else:
-            found.update(_process_targets(node))
+            found.update(_process_targets(node, constants))
     return frozenset(name for name in found if module_file(name) is not None)
 
 

@@ -52,6 +52,7 @@ import pandas as pd
 
 from syncsafe import io, timebase
 from syncsafe.artifacts import layout
+from syncsafe.artifacts.live_runs import INDEX_COLUMNS, build_live_index
 from syncsafe.artifacts.traces import read_requests, read_timeline
 from syncsafe.config import Params
 from syncsafe.control.clock import WallClock
@@ -76,9 +77,6 @@ LIVE_DIR = layout.LIVE
 LIVE_INDEX = layout.LIVE_INDEX
 LEAD_S = 2.0
 MATCHED, NO_MERGE, NO_TRAIN = "matched_random", "train_no_merge", "no_train"
-INDEX_COLUMNS = ("regime", "policy", "seed", "draw", "matched_to", "condition", "order", "backend",
-                 "slo_violation_rate", "p95_ms", "p99_ms", "n_requests", "n_failed", "n_merges", "requests_during_merges",
-                 "degraded", "degraded_cycles", "scrape_failures", "feasible", "max_lag_s", "path")
 
 
 def live_dir(root: Path, regime: str, seed: int) -> Path:
@@ -344,11 +342,3 @@ def run_live(params: Params, params_path: Path, regime: str, policy: str, seeds:
             live_seed(session, regime, policy, seed)
     return build_live_index(root)
 
-
-def build_live_index(root: Path = Path(".")) -> pd.DataFrame:
-    """Join every seed's index into runs/live/index.csv."""
-    seed_indexes = sorted(layout.at(root, LIVE_DIR).glob(f"*/{layout.SEED_PREFIX}*/{layout.INDEX_FILE}"))
-    frames = [pd.read_csv(p, dtype={"draw": "Int64"}) for p in seed_indexes]
-    index = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(INDEX_COLUMNS))
-    io.write_csv(layout.at(root, LIVE_INDEX), index)
-    return index

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from syncsafe.artifacts.live_runs import build_live_index
 from syncsafe.config import ConfigError, Params, split_policy
-from syncsafe.serving.live import build_live_index, run_live
 
 
 def run(params: Params, root: Path, regime: str, params_path: Path, *, policy: str | None = None,
@@ -23,6 +23,10 @@ def run(params: Params, root: Path, regime: str, params_path: Path, *, policy: s
     for value in chosen:
         if value not in params.seeds:
             raise ConfigError(f"--seed {value}: not in seeds ({params.seeds})")
+    # imported here: the live runner pulls in torch, transformers and the islands, which the stage switched
+    # off (`off`, the cpu default) does not need (about 8 s of imports per stage process)
+    from syncsafe.serving.live import run_live
+
     index = run_live(params, params_path, regime, name, chosen, root)
     return f"live {regime}: {len(index)} runs in runs/live/index.csv"
 
