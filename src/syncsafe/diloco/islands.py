@@ -33,8 +33,8 @@ from syncsafe.control.types import LearnerReport, SyncEvent
 from syncsafe.diloco.checkpoint import TrainingCheckpoint, capture_rng_state, restore_rng_state
 from syncsafe.diloco.comm import torch_all_reduce_start
 from syncsafe.diloco.model import causal_lm_loss, eval_loss
-from syncsafe.diloco.outer import (MergeStats, OuterOptimizer, PendingSync, assign_parameters, flatten_parameters,
-                                   ring_all_reduce_bytes)
+from syncsafe.diloco.outer import (AllReduceStart, MergeStats, OuterOptimizer, PendingSync, assign_parameters,
+                                   flatten_parameters)
 
 CMD_TRAIN, CMD_MERGE, CMD_STOP = 1, 2, 3
 
@@ -168,10 +168,9 @@ class Island:
         if self.sync_delay == 0:
             return self._apply(pending)
         self.pending = pending
-        return _launched(self.outer, pending)
+        return self.outer.stats_of(pending, applied_step=pending.apply_step)
 
-    def _overlapped_merge(self, start: Callable[[torch.Tensor], Callable[[], torch.Tensor]],
-                          weight: float) -> MergeStats:
+    def _overlapped_merge(self, start: AllReduceStart, weight: float) -> MergeStats:
         """One-step delay: this round's pseudo-gradient (anchor - local) is launched after the previous round's
         outer step is applied; the islands then train on from the new global parameters plus their own
         progress of this round, which the round's average replaces at the next merge (overlap_rounds 1), or
@@ -185,7 +184,7 @@ class Island:
         else:
             self.pending = pending
             assign_parameters(self.model, self.outer.global_flat.detach() - own)
-            stats = _launched(self.outer, pending)
+            stats = self.outer.stats_of(pending, applied_step=pending.apply_step)
         self.anchor = flatten_parameters(self.model)
         return stats
 
@@ -262,16 +261,6 @@ def _digest(tensors: Iterable[torch.Tensor]) -> str:
     for t in tensors:
         digest.update(t.detach().cpu().float().numpy().tobytes())
     return digest.hexdigest()
-
-
-def _launched(outer: OuterOptimizer, pending: PendingSync) -> MergeStats:
-    """What is known of a merge whose outer step is applied later: no averaged pseudo-gradient yet."""
-    payload = outer.payload_bytes_of(pending.fragment)
-    return MergeStats(merge_index=pending.index, num_islands=outer.num_islands, weight=pending.weight,
-                      payload_bytes=payload, bytes_communicated=ring_all_reduce_bytes(payload, outer.num_islands),
-                      wall_time_s=0.0, local_pseudo_gradient_norm=pending.local_norm,
-                      averaged_pseudo_gradient_norm=float("nan"), fragment=pending.fragment,
-                      applied_step=pending.apply_step)
 
 
 def _collective_device(model: torch.nn.Module) -> torch.device | None:

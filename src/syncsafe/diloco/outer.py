@@ -292,6 +292,12 @@ class OuterOptimizer:
         self.sgd.step()
         param.grad = None
         self.merges_done += 1
+        return self.stats_of(pending, wall_time_s=time.perf_counter() - pending.started,
+                             averaged_norm=float(averaged.norm()))
+
+    def stats_of(self, pending: PendingSync, wall_time_s: float = 0.0, averaged_norm: float = float("nan"),
+                 applied_step: int = -1) -> MergeStats:
+        """A launched merge's statistics; before its outer step (the defaults) no averaged pseudo-gradient yet."""
         payload = self.payload_bytes_of(pending.fragment)
         return MergeStats(
             merge_index=pending.index,
@@ -299,10 +305,11 @@ class OuterOptimizer:
             weight=pending.weight,
             payload_bytes=payload,
             bytes_communicated=ring_all_reduce_bytes(payload, self.num_islands),
-            wall_time_s=time.perf_counter() - pending.started,
+            wall_time_s=wall_time_s,
             local_pseudo_gradient_norm=pending.local_norm,
-            averaged_pseudo_gradient_norm=float(averaged.norm()),
+            averaged_pseudo_gradient_norm=averaged_norm,
             fragment=pending.fragment,
+            applied_step=applied_step,
         )
 
     def finish(self, local_model: nn.Module, pending: PendingSync, alpha: float = 0.0) -> MergeStats:
