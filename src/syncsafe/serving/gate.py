@@ -38,7 +38,7 @@ import numpy as np
 from scipy import stats
 
 from syncsafe.schedules.schedule import Schedule
-from syncsafe.serving.metrics import p95_ratio, p95_rows
+from syncsafe.serving.metrics import p95_of_resamples, p95_ratio
 
 #: Bootstrap resamples of the gate's interval and one-sided level of each bound.
 N_BOOTSTRAP = 1000
@@ -138,29 +138,14 @@ _CHUNK = 128
 
 def _gates_of_resamples(latencies: np.ndarray, inverse: np.ndarray, taken: np.ndarray) -> np.ndarray:
     """The gate ratio of each resample, every resample at once: resample r holds each row of block j
-    `taken[r, j]` times, so its p95 of a series is the weighted quantile of that series' sorted values,
-    read at the ranks `p95_rows` reads (the same two order statistics and the same arithmetic)."""
+    `taken[r, j]` times (`metrics.p95_of_resamples` per latency series)."""
     weight = taken[:, inverse].astype(np.int32)  # counts of a few thousand rows at most: int32 sums are faster
-    n = weight.sum(axis=1)
-    index = (n - 1) * 0.95
-    lo = np.floor(index).astype(np.int64)
-    hi = np.minimum(lo + 1, n - 1)
-    gamma = index - lo
-    p95 = []
-    for series in latencies:
-        order = np.argsort(series, kind="stable")
-        cum = np.cumsum(weight[:, order], axis=1)
-        ranked = series[order]
-        a = ranked[np.minimum((cum <= lo[:, None]).sum(axis=1), series.size - 1)]
-        b = ranked[np.minimum((cum <= hi[:, None]).sum(axis=1), series.size - 1)]
-        diff = b - a
-        p95.append(np.where(gamma >= 0.5, b - diff * (1.0 - gamma), a + diff * gamma))
-    mine, twin, other = p95
+    mine, twin, other = (p95_of_resamples(series, weight) for series in latencies)  # NaN for an empty resample
     out = np.full(len(taken), np.nan)
     with np.errstate(divide="ignore", invalid="ignore"):
         sync, drift = mine / twin, other / twin
         gate = sync / np.maximum(drift, 1.0 / drift)
-    ok = (n > 0) & (twin > 0) & (drift > 0)
+    ok = (twin > 0) & (drift > 0)  # as `_gate_of`: no gate without a positive twin p95 and drift ratio
     out[ok] = gate[ok]
     return out
 

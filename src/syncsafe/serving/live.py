@@ -73,8 +73,6 @@ from syncsafe.serving.replay import request_results, resolve_slo, write_replay
 from syncsafe.serving.real_arm import model_facts, served_model
 from syncsafe.serving.vllm_server import VllmServer, resolve_python
 
-LIVE_DIR = layout.LIVE
-LIVE_INDEX = layout.LIVE_INDEX
 LEAD_S = 2.0
 MATCHED, NO_MERGE, NO_TRAIN = "matched_random", "train_no_merge", "no_train"
 

@@ -225,20 +225,25 @@ def _p95(values_ms: np.ndarray) -> float | None:
     return _quantiles_ms(values_ms, (95,))[0]
 
 
-def p95_rows(values_ms: np.ndarray) -> np.ndarray:
-    """p95 of every row of a finite 2-D array, equal to `np.percentile(values_ms, 95, axis=1)` (its linear
-    method, same arithmetic) from one partition: the bootstrap's inner loop calls it hundreds of thousands of
-    times, where `np.percentile`'s own bookkeeping costs more than the partition."""
-    n = values_ms.shape[1]
-    if n == 0:
-        raise ValueError("p95 of an empty row")
+def p95_of_resamples(values_ms: np.ndarray, taken: np.ndarray) -> np.ndarray:
+    """p95 of each resample of the finite 1-D `values_ms`, where resample r holds value i `taken[r, i]`
+    times: equal to `np.percentile(np.repeat(values_ms, taken[r]), 95)` (its linear method, same arithmetic),
+    NaN for a resample that holds nothing. Every resample at once, from one sort: the two order statistics
+    the linear method reads are where the resample's cumulative counts over the sorted values pass their ranks
+    (the gate's block bootstrap evaluates thousands of resamples per plan)."""
+    n = taken.sum(axis=1)
     index = (n - 1) * 0.95
-    lo = int(np.floor(index))
-    hi = min(lo + 1, n - 1)
-    part = np.partition(values_ms, (lo, hi), axis=1)
-    a, b, gamma = part[:, lo], part[:, hi], index - lo
+    lo = np.floor(index).astype(np.int64)
+    hi = np.minimum(lo + 1, n - 1)
+    gamma = index - lo
+    order = np.argsort(values_ms, kind="stable")
+    cum = np.cumsum(taken[:, order], axis=1)
+    ranked = values_ms[order]
+    a = ranked[np.minimum((cum <= lo[:, None]).sum(axis=1), values_ms.size - 1)]
+    b = ranked[np.minimum((cum <= hi[:, None]).sum(axis=1), values_ms.size - 1)]
     diff = b - a
-    return b - diff * (1.0 - gamma) if gamma >= 0.5 else a + diff * gamma
+    p95 = np.where(gamma >= 0.5, b - diff * (1.0 - gamma), a + diff * gamma)
+    return np.where(n > 0, p95, np.nan)
 
 
 def _percentiles(prefix: str, values_ms: np.ndarray) -> dict[str, float | None]:

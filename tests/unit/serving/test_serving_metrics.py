@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from pydantic import ValidationError
 
-from syncsafe.serving.metrics import REQUEST_RESULT_COLUMNS, SloSpec, derive_slo, p95_rows, summarize
+from syncsafe.serving.metrics import REQUEST_RESULT_COLUMNS, SloSpec, derive_slo, p95_of_resamples, summarize
 
 NAN = float("nan")
 
@@ -111,8 +111,12 @@ def test_bad_summary_inputs_are_refused():
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 11, 20, 21, 31, 101, 1000])  # 11, 31: the index falls on k + 0.5
-def test_p95_of_rows_is_numpys_percentile_exactly(n):
-    values = np.random.default_rng(n).lognormal(size=(3, n))
-    assert np.array_equal(p95_rows(values), np.percentile(values, 95, axis=1))
-    with pytest.raises(ValueError, match="empty"):
-        p95_rows(np.empty((3, 0)))
+def test_p95_of_resamples_is_numpys_percentile_exactly(n):
+    rng = np.random.default_rng(n)
+    values = rng.lognormal(size=n)
+    taken = np.vstack([np.ones(n, dtype=np.int64), rng.integers(0, 4, (5, n)), np.zeros(n, dtype=np.int64)])
+    taken[1, 0] = max(taken[1, 0], 1)  # a resample that holds something besides the all-ones one
+    p95 = p95_of_resamples(values, taken)
+    expected = [np.percentile(np.repeat(values, row), 95) if row.sum() else np.nan for row in taken]
+    assert np.array_equal(p95, expected, equal_nan=True)
+    assert np.isnan(p95[-1])  # a resample that holds nothing has no p95
