@@ -297,6 +297,9 @@ class VllmReplay(Strict):
     span_s: PositiveFloat | None = None
     #: Wall seconds the planned replays may take (server start, profile and capacity probes not counted).
     budget_s: PositiveFloat = 4800.0
+    #: What the powered plan leaves of `budget_s` lengthens every span alike; false = the budget is a ceiling
+    #: and each regime is replayed at its shortest powered span (a plan that does not grow with the budget).
+    fill_budget: bool = True
     #: Power of the mechanism gate the plan is sized for, at the profiled effect.
     power_target: Annotated[float, Field(gt=0, lt=1)] = 0.8
     startup_timeout_s: PositiveFloat = 900.0

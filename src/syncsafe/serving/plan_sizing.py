@@ -258,7 +258,8 @@ class Sizing:
 
 
 def size_plans(designs: dict[str, RegimeDesign], controllers: list[str], budget_s: float, threshold: float,
-               power_target: float, max_draws: int, fixed_span_s: float | None = None) -> Sizing:
+               power_target: float, max_draws: int, fixed_span_s: float | None = None,
+               fill_budget: bool = True) -> Sizing:
     """Regimes, controllers, draws and span per regime, in this order of priority (see the module docstring):
 
     1. the regimes in order (`designs`' order: `replay.vllm.regimes`), each with the primary controller
@@ -267,7 +268,8 @@ def size_plans(designs: dict[str, RegimeDesign], controllers: list[str], budget_
        down to `MIN_DRAWS`) that lets the most regimes in, the most draws on a tie;
     2. the further controllers, in order, while the budget allows a span where each of them, too, is
        informative and meets the request floor (a controller whose merges the span misses is not replayed);
-    3. what is left of the budget lengthens every span alike.
+    3. what is left of the budget lengthens every span alike (unless `fill_budget` is false: then the
+       budget is a ceiling and every regime keeps its shortest span that meets 1 and 2).
     A regime that does not fit is left out, with the reason, rather than replayed on a span that
     cannot measure it; the first regime (the primary's) never is: `PlanError` when it has no span
     meeting the request floor, or a powered span the budget cannot pay for. When no span powers it,
@@ -357,7 +359,7 @@ def size_plans(designs: dict[str, RegimeDesign], controllers: list[str], budget_
                     sum(wall_s(included[r], n, draws, more[r]) for r in included) > budget_s:  # type: ignore[arg-type]
                 break
             n_chosen, spans = n, more  # type: ignore[assignment]
-        if fixed_span_s is None:
+        if fixed_span_s is None and fill_budget:
             spans = _fill_budget(included, {r: measurable(r, n_chosen) for r in included}, n_chosen, draws, spans,
                                  budget_s)
     else:  # nothing powered fits: the first regime, one draw, its longest informative span the budget allows

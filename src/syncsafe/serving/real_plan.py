@@ -64,7 +64,8 @@ def plan_real_arm(params: Params, root: Path, index: pd.DataFrame, loads: dict[s
             noise_log_ratios=np.asarray(load.noise_log_ratios), controls=cfg.no_sync_controls,
             min_requests=cfg.min_requests, min_merge_active=cfg.min_merge_active,
         )  # fmt: skip
-    sized = size_plans(designs, controllers, cfg.budget_s, threshold, cfg.power_target, cfg.draws, cfg.span_s)
+    sized = size_plans(designs, controllers, cfg.budget_s, threshold, cfg.power_target, cfg.draws, cfg.span_s,
+                       cfg.fill_budget)
     regimes = {}
     for regime, s in sized.regimes.items():
         regimes[regime] = RegimePlan(

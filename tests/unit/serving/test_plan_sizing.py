@@ -69,6 +69,14 @@ def test_the_plan_fits_its_budget_and_adds_controllers_only_while_it_fits():
     large = size_plans(d, ["primary", "second"], budget_s=2000.0, threshold=1.05, power_target=0.8, max_draws=2)
     assert large.regimes["bursty"].controllers == ["primary", "second"] and large.regimes["bursty"].draws == 2
     assert large.regimes["bursty"].span_s >= plan.span_s and large.regimes["bursty"].wall_s <= 2000.0
+    # a budget that is only a ceiling: the same controllers and draws, each at its shortest powered span
+    ceiling = size_plans(d, ["primary", "second"], budget_s=2000.0, threshold=1.05, power_target=0.8, max_draws=2,
+                         fill_budget=False).regimes["bursty"]
+    assert (ceiling.controllers, ceiling.draws) == (["primary", "second"], 2) and ceiling.power.power >= 0.8
+    assert ceiling.span_s < large.regimes["bursty"].span_s and ceiling.wall_s < large.regimes["bursty"].wall_s
+    higher = size_plans(d, ["primary", "second"], budget_s=4000.0, threshold=1.05, power_target=0.8, max_draws=2,
+                        fill_budget=False).regimes["bursty"]
+    assert (higher.span_s, higher.wall_s) == (ceiling.span_s, ceiling.wall_s)  # it does not grow with the budget
 
 
 def test_a_further_controller_is_added_only_on_a_span_that_holds_its_merges():
