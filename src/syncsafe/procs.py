@@ -1,6 +1,7 @@
 """Small helpers for the subprocesses stages launch: loopback ports and listening sockets, a log's
 tail, a loopback-only torch.distributed store, scratch folders reaped once their process is gone,
-a process's descendants, and tying a child's life to its parent's.
+a process's descendants, tying a child's life to its parent's, and reading a child's output so that
+SIGTERM still stops the reader.
 
 On one machine every listening socket the pipeline opens is on 127.0.0.1:
 `LOOPBACK_ENV` is what island and interference processes get (gloo binds to
@@ -13,12 +14,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import queue
 import re
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from datetime import timedelta
@@ -207,6 +210,32 @@ def sigterm_raises() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def output_lines(proc: subprocess.Popen, poll_s: float = 0.2) -> Iterator[str]:
+    """The lines of `proc`'s text stdout as they come. A thread reads them: the main thread, blocked in a
+    pipe read, would run a Python signal handler only once the child printed again when the signal (an
+    orchestrator's SIGTERM, sent to the process) was caught by another of its threads; waiting here it wakes
+    every `poll_s`, so `sigterm_raises` stops it at once."""
+    assert proc.stdout is not None
+    lines: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+
+    def read() -> None:
+        try:
+            for line in proc.stdout:  # type: ignore[union-attr]
+                lines.put(line)
+        finally:
+            lines.put(None)
+
+    threading.Thread(target=read, name=f"output-{proc.pid}", daemon=True).start()
+    while True:
+        try:
+            line = lines.get(timeout=poll_s)
+        except queue.Empty:
+            continue
+        if line is None:
+            return
+        yield line
 
 
 def stop_processes(procs: Iterable[subprocess.Popen], grace_s: float) -> None:

@@ -16,16 +16,24 @@ from syncsafe.procs import sigterm_raises
 from syncsafe.studies.run import _stream
 
 
-def _sigterm_when(event: threading.Event) -> threading.Thread:
+def _sigterm_when(event: threading.Event, to_this_thread: bool = False) -> threading.Thread:
+    """Once `event` is set: SIGTERM to the process, or to this helper thread only (as when the kernel hands an
+    orchestrator's SIGTERM to one of a library's threads)."""
     def send() -> None:
         if event.wait(60):
-            os.kill(os.getpid(), signal.SIGTERM)
+            if to_this_thread:
+                signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+            else:
+                os.kill(os.getpid(), signal.SIGTERM)
     thread = threading.Thread(target=send, daemon=True)
     thread.start()
     return thread
 
 
-def test_a_streamed_command_does_not_outlive_a_sigterm(tmp_path):
+@pytest.mark.parametrize("to_this_thread", [False, True], ids=["process", "another-thread"])
+def test_a_streamed_command_does_not_outlive_a_sigterm(tmp_path, to_this_thread):
+    """The reader used to block in the pipe read until the child printed again (here: when it exits, 60 s later) when the
+    signal was caught by another thread."""
     started = threading.Event()
     seen: list[str] = []
 
@@ -34,10 +42,12 @@ def test_a_streamed_command_does_not_outlive_a_sigterm(tmp_path):
         if line.startswith("child "):
             started.set()
 
-    _sigterm_when(started)
-    code = "import os, time; print('child', os.getpid(), flush=True); time.sleep(120)"
+    _sigterm_when(started, to_this_thread)
+    done = tmp_path / "slept"
+    code = f"import os, time; print('child', os.getpid(), flush=True); time.sleep(60); open({str(done)!r}, 'w')"
     with pytest.raises(Terminated), sigterm_raises():
         _stream([sys.executable, "-c", code], tmp_path, dict(os.environ), echo)
+    assert not done.exists(), "the child ran to its end before the SIGTERM was handled"
     child = int(seen[0].split()[1])
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
 

@@ -27,7 +27,7 @@ from syncsafe.artifacts import layout
 from syncsafe.artifacts.layout import study_dir, study_log_dir
 from syncsafe.errors import BadInput
 from syncsafe.io import write_json, write_text
-from syncsafe.procs import sigterm_raises, stop_processes
+from syncsafe.procs import output_lines, sigterm_raises, stop_processes
 from syncsafe.studies.spec import Point, Study
 from syncsafe.timebase import now
 from syncsafe.tracking.settings import PIPELINE_RUN_ID_ENV, tracking_uri
@@ -192,9 +192,8 @@ def _stream(command: list[str], root: Path, env: dict[str, str], echo: Callable[
     """Run `command`, echoing its output line by line (and into `log`); returns the output."""
     lines = []
     proc = subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert proc.stdout is not None
     try:
-        for line in proc.stdout:
+        for line in output_lines(proc):
             lines.append(line)
             echo(line.rstrip("\n"))
         proc.wait()
