@@ -1,7 +1,9 @@
 """How much load the real server takes, and the replay's load declared as a share of it.
 
 **Capacity** (`search_capacity`): open-loop probes of Poisson arrivals at a
-fixed rate (wall requests per second), `probe_s` long, with the regime's own
+fixed rate (wall requests per second), `probe_s` long and lengthened at
+low rates to hold `MIN_PROBE_REQUESTS` requests (a p95 needs a count, not a
+duration: 2 s at a light rate used to be three requests), with the regime's own
 token mix (prompt and output lengths drawn, seeded, from its request
 tables). The first probe, at a light rate, sets the reference TTFT p95; a
 rate is *sustained* when its TTFT p95 stays within `ttft_factor` times that
@@ -26,7 +28,8 @@ quiet periods), above capacity is refused (`LoadError`): an overloaded
 queue, not merges, would decide the SLO.
 
 **Noise floor** (`noise_probe`): the same probe at the replay's busiest
-rate, sent twice (same arrivals, same prompts, no merge): per request the
+rate, sent twice (same arrivals, same prompts, no merge; each at least
+`MIN_PROBE_REQUESTS` long): per request the
 log ratio of the two E2E latencies. Its spread is the per-request noise
 the gate's power estimate assumes.
 """
@@ -52,6 +55,8 @@ MAX_PROBES = 16
 #: Confirmation probes at the knee and step-downs allowed before the capacity is the light rate.
 CONFIRM_REPEATS = 2
 MAX_STEP_DOWNS = 6
+#: Expected requests of the shortest probe: a probe at a low rate runs longer than `probe_s` to hold them.
+MIN_PROBE_REQUESTS = 30
 #: Mantissas of the coarse time-scale grid (times powers of ten).
 TIME_SCALE_GRID = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0)
 
@@ -127,7 +132,9 @@ def _ttft_p95(rows: pd.DataFrame) -> float | None:
 
 def probe(send: Sender, rate_rps: float, duration_s: float, mix: pd.DataFrame, seed: int,
           lead_s: float = 0.5) -> tuple[pd.DataFrame, float | None, float]:
-    """One open-loop probe: (load generator rows, TTFT p95 ms, failure rate)."""
+    """One open-loop probe, `duration_s` long or long enough to expect `MIN_PROBE_REQUESTS` requests:
+    (load generator rows, TTFT p95 ms, failure rate)."""
+    duration_s = max(duration_s, MIN_PROBE_REQUESTS / rate_rps)
     rows = send(poisson_requests(rate_rps, duration_s, mix, seed), timebase.now() + lead_s)
     return rows, _ttft_p95(rows), float(failed_mask(rows).mean()) if len(rows) else 1.0
 
@@ -136,17 +143,17 @@ def search_capacity(send: Sender, mix: pd.DataFrame, first_guess_rps: float, pro
                     seed: int = 0) -> tuple[float, float, list[CapacityProbe]]:
     """(capacity rps, TTFT bound ms, probes) by the search of the module docstring."""
     light = max(first_guess_rps * LIGHT_SHARE, 0.5)
-    _, reference, failures = probe(send, light, probe_s, mix, seed)
+    rows, reference, failures = probe(send, light, probe_s, mix, seed)
     if reference is None or failures > 0:
         raise LoadError(f"the server failed requests at a light load of {light:.2g} requests/s: no capacity to measure")
     bound = ttft_factor * reference
-    probes = [CapacityProbe(rate_rps=light, n_requests=int(round(light * probe_s)), ttft_p95_ms=reference,
+    probes = [CapacityProbe(rate_rps=light, n_requests=len(rows), ttft_p95_ms=reference,
                             failure_rate=failures, sustained=True)]
 
     def run(rate: float) -> bool:
-        _, p95, fail = probe(send, rate, probe_s, mix, seed)
+        rows, p95, fail = probe(send, rate, probe_s, mix, seed)
         ok = p95 is not None and p95 <= bound and fail == 0
-        probes.append(CapacityProbe(rate_rps=rate, n_requests=int(round(rate * probe_s)), ttft_p95_ms=p95,
+        probes.append(CapacityProbe(rate_rps=rate, n_requests=len(rows), ttft_p95_ms=p95,
                                     failure_rate=fail, sustained=ok))
         return ok
 
@@ -176,9 +183,9 @@ def confirm_capacity(send: Sender, mix: pd.DataFrame, rate_rps: float, floor_rps
             break
         held = True
         for repeat in range(1, repeats + 1):
-            _, p95, fail = probe(send, rate, probe_s, mix, seed + 7919 * repeat)
+            rows, p95, fail = probe(send, rate, probe_s, mix, seed + 7919 * repeat)
             ok = p95 is not None and p95 <= bound_ms and fail == 0
-            probes.append(CapacityProbe(rate_rps=rate, n_requests=int(round(rate * probe_s)), ttft_p95_ms=p95,
+            probes.append(CapacityProbe(rate_rps=rate, n_requests=len(rows), ttft_p95_ms=p95,
                                         failure_rate=fail, sustained=ok))
             if not ok:
                 held = False

@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from syncsafe.serving.capacity import (
+    MIN_PROBE_REQUESTS,
     LoadError,
     LoadShape,
     coarse_time_scale,
@@ -121,3 +122,22 @@ def test_the_noise_probe_pairs_the_same_requests():
     logs = noise_probe(send, 10.0, 5.0, MIX, seed=0)
     assert calls[0].equals(calls[1]) and len(logs) == len(calls[0])
     assert np.allclose(logs, np.log(1.1))
+
+
+def test_a_probe_at_a_low_rate_runs_long_enough_to_hold_its_requests():
+    """A 2 s probe at 4 requests/s used to hold about 8 requests: a p95 (and a noise spread) from a handful."""
+    sent: list[pd.DataFrame] = []
+
+    def send(requests, epoch):
+        sent.append(requests)
+        return pd.DataFrame({"ttft_ms": 5.0, "e2e_ms": 50.0, "error": [""] * len(requests)})
+
+    logs = noise_probe(send, 4.0, 2.0, MIX, seed=0)
+    expected = MIN_PROBE_REQUESTS  # 7.5 s at 4 requests/s
+    assert all(abs(len(r) - expected) < 4 * expected ** 0.5 for r in sent) and len(logs) == len(sent[0])
+    assert sent[0]["arrival_s"].max() > 2.0
+    _, _, probes = search_capacity(send, MIX, first_guess_rps=10.0, probe_s=2.0, ttft_factor=3.0)
+    assert probes[0].rate_rps == pytest.approx(1.0)  # the light probe: 30 s instead of 2 s
+    assert all(p.n_requests == len(r) for p, r in zip(probes, sent[2:]))
+    fast = noise_probe(send, 100.0, 2.0, MIX, seed=0)  # a high rate keeps probe_s
+    assert abs(len(fast) - 200) < 4 * 200 ** 0.5
