@@ -229,6 +229,11 @@ def syncsafe_nightly():
         _label(regime)
         return stage_command(run, "replay", "run", "--backend", "simulator", "--regime", regime)
 
+    @task.bash(map_index_template="{{ syncsafe_item }}", **_stage("headroom"))
+    def headroom(run: dict, regime: str) -> str:
+        _label(regime)
+        return stage_command(run, "headroom", regime, "--stage")
+
     @task.bash(**_stage("profile-vllm"))
     def profile_vllm(run: dict, enabled: bool) -> str:
         """The server profile the real arm plans from, on the worker (and accelerator) that replays."""
@@ -306,6 +311,7 @@ def syncsafe_nightly():
         "replay-vllm": replay_vllm(run, plan["vllm"]),
         "calibrate-fit": calibrate_fit(run),
         "replay-simulator": replay_simulator.partial(run=run).expand(regime=names),
+        "headroom": headroom.partial(run=run).expand(regime=names),
         "replay-index": replay_index(run),
         "fidelity": fidelity(run),
         "live": live(run, plan["live"]),

@@ -251,3 +251,41 @@ def stop_processes(procs: Iterable[subprocess.Popen], grace_s: float) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def stop_process_groups(pids: Iterable[int], grace_s: float) -> list[int]:
+    """Terminate the process group of each live pid in `pids` (every member, wherever it was reparented),
+    give them `grace_s` together, then kill what is left; returns the pids that were stopped.
+
+    For daemons that put themselves in their own group (DVC's queue worker and the experiments it runs): a
+    pid of this process's own group stops only that pid and its descendants, never this process."""
+    own = os.getpgrp()
+    groups, singles = set(), set()
+    for pid in pids:
+        try:
+            group = os.getpgid(pid)
+        except ProcessLookupError:
+            continue
+        if group == own:
+            singles.add(pid)
+        else:
+            groups.add(group)
+    members: dict[int, psutil.Process] = {}
+    for proc in psutil.process_iter():
+        with contextlib.suppress(ProcessLookupError, psutil.NoSuchProcess):
+            if os.getpgid(proc.pid) in groups:
+                members[proc.pid] = proc
+    for pid in singles:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            for proc in [psutil.Process(pid), *descendants(pid)]:
+                members[proc.pid] = proc
+    members.pop(os.getpid(), None)
+    for proc in members.values():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.terminate()
+    _, alive = psutil.wait_procs(list(members.values()), timeout=grace_s)
+    for proc in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=grace_s)
+    return sorted(members)

@@ -47,10 +47,10 @@ def test_the_runner_writes_what_dvc_repro_writes_and_leaves_it_nothing_to_do(tmp
     done = _run(ours, sys.executable, "-m", "syncsafe.cli", "run", "--jobs", "2",
                 env={"SYNCSAFE_TRACKING": "on", "MLFLOW_TRACKING_URI": ""})
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "16 of 16 stage items to run" in done.stdout and "ran 16 items" in done.stdout
+    assert "18 of 18 stage items to run" in done.stdout and "ran 18 items" in done.stdout
     assert (ours / "logs" / "run" / "train@steady.log").stat().st_size > 0
     timings = yaml.safe_load((ours / "logs" / "run" / "timings.json").read_text())
-    assert len(timings) == 16 and all(v > 0 for v in timings.values())
+    assert len(timings) == 18 and all(v > 0 for v in timings.values())
     with sqlite3.connect(ours / "mlflow.db") as db:  # every stage run under the runner's one pipeline run
         kinds = dict(db.execute("SELECT value, count(*) FROM tags WHERE key = 'syncsafe.run_kind' GROUP BY value"))
         pipelines = db.execute("SELECT count(DISTINCT value) FROM tags WHERE key = 'syncsafe.pipeline_run_id'").fetchone()
@@ -63,7 +63,7 @@ def test_the_runner_writes_what_dvc_repro_writes_and_leaves_it_nothing_to_do(tmp
     assert "up to date" in _run(ours, "dvc", "status").stdout
     again = _run(ours, "dvc", "repro")
     assert again.returncode == 0 and "Running stage" not in again.stdout
-    assert "0 of 16 stage items to run" in _run(ours, sys.executable, "-m", "syncsafe.cli", "run").stdout
+    assert "0 of 18 stage items to run" in _run(ours, sys.executable, "-m", "syncsafe.cli", "run").stdout
 
     theirs = _project(repo_root, tmp_path / "repro", raw_params)
     repro = _run(theirs, "dvc", "repro")

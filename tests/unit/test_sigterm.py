@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import subprocess
 import sys
 import threading
+import time
 
 import psutil
 import pytest
 
 from syncsafe.errors import EXIT_TERMINATED, Terminated
 from syncsafe.pipeline.failures import fails_cleanly
-from syncsafe.procs import sigterm_raises
-from syncsafe.studies.run import _stream
+from syncsafe.procs import sigterm_raises, stop_process_groups
+from syncsafe.studies.run import _stream, queue_processes
 
 
 def _sigterm_when(event: threading.Event, to_this_thread: bool = False) -> threading.Thread:
@@ -68,3 +71,57 @@ def test_the_previous_handler_comes_back():
     with sigterm_raises():
         assert signal.getsignal(signal.SIGTERM) is not before
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def _daemon_group(tmp_path) -> tuple[subprocess.Popen, int]:
+    """A daemon in its own process group, like DVC's queue worker: a shell whose child ignores SIGTERM."""
+    ready = tmp_path / "ready"
+    shell = subprocess.Popen(["sh", "-c", f"sh -c 'trap \"\" TERM; touch {ready}; sleep 300' & wait"],
+                             cwd=tmp_path, start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ready.exists(), "the daemon's child did not start"
+    return shell, shell.pid
+
+
+def test_a_queue_process_group_is_stopped_whole_even_a_member_that_ignores_sigterm(tmp_path):
+    """`dvc queue stop --kill` can miss a task just started; the study then stops the groups of the processes
+    DVC's pid files name, and only those whose process works in the project."""
+    shell, pid = _daemon_group(tmp_path)
+    members = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    pids = tmp_path / ".dvc" / "tmp" / "exps" / "run" / "rev"
+    pids.mkdir(parents=True)
+    (pids / "rev.pid").write_text(str(pid))
+    (pids / "stale.pid").write_text(str(os.getpid()))  # a pid that works elsewhere: never stopped
+    (pids / "garbled.pid").write_text("not a pid")
+    # an experiment's temporary workspace (which DVC may remove mid-listing) is not searched for pid files
+    nested = tmp_path / ".dvc" / "tmp" / "exps" / "tmpws" / ".dvc" / "tmp" / "exps" / "run" / "rev"
+    nested.mkdir(parents=True)
+    (nested / "rev.pid").write_text(str(pid))
+    try:
+        assert queue_processes(tmp_path) == [pid]
+        stopped = stop_process_groups(queue_processes(tmp_path), grace_s=1.0)
+        assert sorted(stopped) == sorted(m.pid for m in members) and len(members) >= 2
+        assert shell.wait(10) is not None
+        assert not [m for m in members if m.is_running() and m.status() != psutil.STATUS_ZOMBIE]
+    finally:
+        for member in members:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                member.kill()
+
+
+def test_a_pid_in_this_process_group_stops_that_process_tree_not_this_process(tmp_path):
+    child = subprocess.Popen(["sh", "-c", "sleep 300 & wait"])
+    try:
+        deadline = time.monotonic() + 30
+        while not psutil.Process(child.pid).children() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        grandchild = psutil.Process(child.pid).children()[0]
+        stopped = stop_process_groups([child.pid], grace_s=5.0)
+        assert sorted(stopped) == sorted([child.pid, grandchild.pid])
+        assert child.wait(10) is not None
+        with contextlib.suppress(psutil.NoSuchProcess):  # gone, or a zombie its new parent has not reaped
+            assert grandchild.status() == psutil.STATUS_ZOMBIE
+    finally:
+        child.kill()

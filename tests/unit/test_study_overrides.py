@@ -14,7 +14,8 @@ from syncsafe.config import ConfigError
 from syncsafe.errors import BadInput
 from syncsafe.studies.dvc_overrides import check_same, dvc_applied, set_param_args
 from syncsafe.studies.report import check_ran_its_params
-from syncsafe.studies.spec import apply_overrides, load_study
+from syncsafe.config import apply_overrides
+from syncsafe.studies.spec import load_study
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = {"merge": {"window_s": 8, "bytes": 4}, "regimes": {"bursty": {"kind": "bursty", "duration_s": 600}},

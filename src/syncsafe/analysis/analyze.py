@@ -146,6 +146,7 @@ def analyze_runs(
                            real_seeds=protocol.real_seeds)
     if extra_sections:
         texts = [part if isinstance(part, str) else part(protocol.extra_adjusted) for part in extra_sections]
+        texts = [text for text in texts if text]  # a section with nothing to say says nothing
         report = report.rstrip("\n") + "\n\n" + "\n\n".join(texts) + "\n"
     figure = envelope_figure(protocol.seeds)
     writers: dict[str, Writer] = {

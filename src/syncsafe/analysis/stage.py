@@ -28,6 +28,7 @@ import pandas as pd
 
 from syncsafe.analysis.analyze import AnalysisResult, analyze_runs
 from syncsafe.analysis.figures import write_png
+from syncsafe.analysis.headroom import headroom_section
 from syncsafe.analysis.live import live_section, live_tests
 from syncsafe.analysis.stage_figures import LOSS_FIGURE, TIMELINE_FIGURE, loss_curves_figure, timeline_figure
 from syncsafe.analysis.report import markdown_table
@@ -279,6 +280,7 @@ def analyze_pipeline(params: Params, root: Path = Path("."), alpha: float | None
     judged = mechanism.model_copy(update={"gate_ratio_threshold": settings.gate_ratio_threshold}) if mechanism else None
     sections = [_real_replay_section(root, alpha), _calibration_section(root, judged)]
     sections.append(live_section(root, alpha, judged))  # runs/live/, if any: its tests join the table's family
+    sections.append(headroom_section(params, root))  # the headroom stage's split of the gap, if it ran
     sections += [f"## Bursts and merge windows: {Path(name).name.split('_' + TIMELINE_FIGURE)[0]}\n\n![timeline]({name})"
                  for name in figures if name.endswith(TIMELINE_FIGURE)]
     if loss_figure in figures:

@@ -161,6 +161,11 @@ STUDY_TABLE_FILE = "table.csv"
 STUDY_SEEDS_FILE = "seeds.csv"
 STUDY_FIGURE_FILE = "figure.png"
 STUDY_POINTS_DIR = "points"
+#: Tuning (syncsafe.tuning): tuned/<regime>/<policy>.yaml (+ .trials.csv), a params overlay a user reads and
+#: commits (not a stage output); reports/headroom/<regime>/<policy>.csv, the online-bound split of the gap (the
+#: headroom stage's output; `syncsafe headroom` rewrites it with its own knobs, and `dvc repro` restores it).
+TUNED = Path("tuned")
+HEADROOM = REPORTS / "headroom"
 #: Scratch folders of running stages (`<kind>-<pid>-<random>`), reaped at the next stage start once their pid is gone.
 SCRATCH = LOGS / "scratch"
 UNTRAINED_MODEL = MODELS / "serve-untrained"
@@ -245,6 +250,11 @@ def replay_set_rel(backend: str | None = None, regime: str | None = None) -> Pat
 def live_rel(regime: str | None = None, seed: int | None = None) -> Path:
     """runs/live[/<regime>[/seed-<S>]]."""
     return _under(LIVE, regime, None if seed is None or regime is None else seed_dirname(seed))
+
+
+def headroom_rel(regime: str | None = None) -> Path:
+    """reports/headroom[/<regime>]."""
+    return _under(HEADROOM, regime)
 
 
 def report_rel(name: str) -> Path:
@@ -392,6 +402,16 @@ def fidelity_dir(root: PathLike) -> Path:
 def reports_dir(root: PathLike) -> Path:
     """<root>/reports/."""
     return at(root, REPORTS)
+
+
+def tuned_path(root: PathLike, regime: str, policy: str) -> Path:
+    """<root>/tuned/<regime>/<policy>.yaml."""
+    return at(root, TUNED / regime / f"{policy}.yaml")
+
+
+def headroom_path(root: PathLike, regime: str, policy: str) -> Path:
+    """<root>/reports/headroom/<regime>/<policy>.csv."""
+    return at(root, headroom_rel(regime) / f"{policy}.csv")
 
 
 def study_dir(root: PathLike, name: str) -> Path:

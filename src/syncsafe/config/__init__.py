@@ -21,6 +21,7 @@ and reads the file. Every model is importable from `syncsafe.config`.
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 from typing import Annotated, Any
@@ -68,7 +69,7 @@ from syncsafe.config.sections import (
 )
 from syncsafe.config.workload import BurstyRegime, PressureHeavyRegime, Regime, RequestShape, SteadyRegime, TraceRegime, TracesConfig
 
-__all__ = ["ABLATABLE_TERMS", "AnalysisConfig", "BurstyRegime", "CONTROLLER_POLICIES", "CalibratedConfig", "ConfigError", "ControlConfig", "FidelityTargets", "FixedHConfig", "ForecastConfig", "Fraction", "HarnessConfig", "HubSource", "LiveConfig", "LookaheadConfig", "MergeConfig", "ModelShape", "PolicyName", "PositiveFloat", "PressureGateConfig", "PressureHeavyRegime", "PrimaryTest", "RESERVED_SERVER_ARGS", "RandomDeferralConfig", "Regime", "ReplayConfig", "RequestShape", "SchedulesConfig", "ScoreWeights", "SimulatorReplay", "SloConfig", "SteadyRegime", "Strict", "SyncConfig", "TraceRegime", "TracesConfig", "TrainConfig", "VllmReplay", "BASE_PROFILE", "max_num_seqs", "policy_label", "split_policy", "Params", "load_params", "profile_label", "parse_params", "read_yaml"]
+__all__ = ["ABLATABLE_TERMS", "AnalysisConfig", "BurstyRegime", "CONTROLLER_POLICIES", "CalibratedConfig", "ConfigError", "ControlConfig", "FidelityTargets", "FixedHConfig", "ForecastConfig", "Fraction", "HarnessConfig", "HubSource", "LiveConfig", "LookaheadConfig", "MergeConfig", "ModelShape", "PolicyName", "PositiveFloat", "PressureGateConfig", "PressureHeavyRegime", "PrimaryTest", "RESERVED_SERVER_ARGS", "RandomDeferralConfig", "Regime", "ReplayConfig", "RequestShape", "SchedulesConfig", "ScoreWeights", "SimulatorReplay", "SloConfig", "SteadyRegime", "Strict", "SyncConfig", "TraceRegime", "TracesConfig", "TrainConfig", "VllmReplay", "BASE_PROFILE", "max_num_seqs", "policy_label", "split_policy", "Params", "load_params", "profile_label", "parse_params", "read_yaml", "apply_overrides"]
 
 # --------------------------------------------------------------------------- root
 
@@ -180,6 +181,26 @@ def _format_error(source: str, err: ValidationError) -> str:
         where = ".".join(loc)
         lines.append(f"{source}: {where + ': ' if where else ''}{msg}{got}")
     return "\n".join(lines)
+
+
+def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """`raw` with each dotted key set (`None` removes it); intermediate mappings are created."""
+    out = copy.deepcopy(raw)
+    for dotted, value in overrides.items():
+        parts = dotted.split(".")
+        if not all(parts):
+            raise ConfigError(f"{dotted!r}: not a dotted params key")
+        node = out
+        for i, part in enumerate(parts[:-1]):
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"{dotted}: {'.'.join(parts[: i + 1])} is a value, not a section")
+            node = child
+        if value is None:
+            node.pop(parts[-1], None)
+        else:
+            node[parts[-1]] = copy.deepcopy(value)
+    return out
 
 
 def parse_params(raw: Any, source: str = "params.yaml") -> Params:

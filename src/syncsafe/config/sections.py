@@ -274,8 +274,8 @@ class VllmReplay(Strict):
     #: Seeds the fidelity stage judges the simulator on (never fitted on); null = the other replayed seeds.
     held_out_seeds: list[int] | None = None
     #: Controllers replayed (with their draws) besides analysis.primary.policy, added in this order while
-    #: the budget allows; null = none.
-    policies: list[str] | None = Field(default_factory=lambda: ["wa_lookahead"])
+    #: the budget allows; null = none. Each adds four replays per seed.
+    policies: list[str] | None = Field(default_factory=list)
     #: Span-matched random draws replayed per controller: at most this many, fewer when the budget needs it.
     draws: Annotated[int, Field(ge=1)] = 2
     #: No-sync replays per seed: first, interleaved, last (the gate's drift controls and noise floor).
@@ -299,7 +299,7 @@ class VllmReplay(Strict):
     budget_s: PositiveFloat = 4800.0
     #: What the powered plan leaves of `budget_s` lengthens every span alike; false = the budget is a ceiling
     #: and each regime is replayed at its shortest powered span (a plan that does not grow with the budget).
-    fill_budget: bool = True
+    fill_budget: bool = False
     #: Power of the mechanism gate the plan is sized for, at the profiled effect.
     power_target: Annotated[float, Field(gt=0, lt=1)] = 0.8
     startup_timeout_s: PositiveFloat = 900.0
@@ -307,7 +307,7 @@ class VllmReplay(Strict):
     #: In-flight cap of the load generator; waits it causes are recorded per request.
     max_in_flight: Annotated[int, Field(ge=1)] = 256
     server_args: list[str] = Field(
-        default_factory=lambda: ["--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", "8",
+        default_factory=lambda: ["--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", "32",
                                  "--kv-cache-memory-bytes", "64M", "--shutdown-timeout", "2",
                                  "--disable-uvicorn-access-log"]
     )
@@ -392,7 +392,7 @@ class LiveConfig(Strict):
     #: Wall seconds over which rates and occupancy are averaged.
     signal_window_s: PositiveFloat = 2.0
     #: Sequences the server runs at once (its --max-num-seqs): occupancy = (running + waiting) / this.
-    capacity_seqs: Annotated[int, Field(ge=1)] = 8
+    capacity_seqs: Annotated[int, Field(ge=1)] = 32
     #: Arrival rate (requests per trace second) at which the node counts as fully loaded.
     reference_rps: PositiveFloat = 6.0
     #: Inference pressure at or above which the node counts as busy.
@@ -461,3 +461,6 @@ class AnalysisConfig(Strict):
     #: this (a user may demand more, never less).
     gate_ratio_threshold: Annotated[float, Field(ge=1.05)] = 1.05
     fidelity: FidelityTargets = FidelityTargets()
+    #: Policies whose matched-random -> oracle gap the headroom stage splits per regime into an online bound
+    #: and what only foresight buys (each needs a knob grid: `syncsafe.tuning.knobs.DEFAULT_GRIDS`).
+    headroom_policies: list[PolicyName] = ["wa_diloco", "wa_lookahead"]

@@ -1,6 +1,6 @@
 """A study point's overrides as `dvc exp run -S` applies them, checked to mean what the study means.
 
-A study states its overrides with the project's semantics (`studies.spec.apply_overrides`): a dotted key is
+A study states its overrides with the project's semantics (`config.apply_overrides`): a dotted key is
 set, a mapping *replaces* the section it names, `null` removes a key (a no-op when it is absent), strings
 are literal. DVC applies `-S` through Hydra's override grammar on params.yaml, whose semantics differ: a
 mapping is *merged* into the section, `~key` fails when the key is absent, and `${...}` in a value is an

@@ -15,6 +15,7 @@ run per point (its id is the DVC experiment's name, see tracking.settings.pipeli
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import subprocess
@@ -23,11 +24,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import psutil
+
 from syncsafe.artifacts import layout
 from syncsafe.artifacts.layout import study_dir, study_log_dir
 from syncsafe.errors import BadInput
 from syncsafe.io import write_json, write_text
-from syncsafe.procs import output_lines, sigterm_raises, stop_processes
+from syncsafe.procs import output_lines, sigterm_raises, stop_process_groups, stop_processes
 from syncsafe.studies.spec import Point, Study
 from syncsafe.timebase import now
 from syncsafe.tracking.settings import PIPELINE_RUN_ID_ENV, tracking_uri
@@ -39,6 +42,8 @@ _RAN = re.compile(r"Running stage '([^']+)'")
 _CODE = ("src", "stages", "studies", "dvc.yaml", "params.yaml")
 #: Seconds an interrupted command gets to stop before it is killed.
 STOP_GRACE_S = 30.0
+#: Where DVC's queue keeps a pid file per process it manages (its workers, each running experiment).
+_QUEUE_PIDS = (".dvc", "tmp", "exps")
 
 
 class StudyFailed(RuntimeError):
@@ -170,6 +175,9 @@ def run_study(root: Path, study: Study, *, echo: Callable[[str], None] = print) 
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: DVC's queue worker is its own process and would go on
         echo(f"study {study.name} interrupted: stopping DVC's queue worker and the point it runs")
         dvc(root, "queue", "stop", "--kill", env=env)
+        # `queue stop --kill` kills only the tasks celery reports active, and its shutdown waits for a
+        # running task: under load it can miss the one just started. What is left is stopped here.
+        stop_process_groups(queue_processes(root), STOP_GRACE_S)
         dvc(root, "queue", "remove", *names, env=env)
         raise
     wall = now() - started
@@ -185,6 +193,24 @@ def run_study(root: Path, study: Study, *, echo: Callable[[str], None] = print) 
         raise StudyFailed(f"study {study.name}: point(s) {', '.join(failed)} did not finish; "
                           f"see {study_log_dir(root, study.name)}/")
     return record
+
+
+def queue_processes(root: Path) -> list[int]:
+    """The live processes DVC's queue manages for the project at `root`: the pid in each of its pid files
+    whose process still works in the project (a stale file's pid, reused by another process, is not)."""
+    pids = []
+    # DVC writes the worker's at exps/celery/<node>.pid and each experiment's at exps/run/<name>/<name>.pid.
+    # glob.glob skips a folder that vanishes while it lists (DVC removes an experiment's as it ends); a walk
+    # down the experiments' temporary workspaces would not.
+    exps = root.joinpath(*_QUEUE_PIDS)
+    for pidfile in (*glob.glob(str(exps / "celery" / "*.pid")), *glob.glob(str(exps / "run" / "*" / "*.pid"))):
+        try:
+            pid = int(Path(pidfile).read_text().strip())
+            if Path(psutil.Process(pid).cwd()).is_relative_to(root.resolve()):
+                pids.append(pid)
+        except (ValueError, OSError, psutil.Error):
+            continue
+    return pids
 
 
 def _stream(command: list[str], root: Path, env: dict[str, str], echo: Callable[[str], None],

@@ -17,7 +17,6 @@ bad value or an override DVC would apply otherwise is one line naming the study 
 
 from __future__ import annotations
 
-import copy
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +24,8 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
-from syncsafe.config import ConfigError, Params, PolicyName, Strict, parse_params, read_yaml, split_policy
+from syncsafe.config import (ConfigError, Params, PolicyName, Strict, apply_overrides, parse_params, read_yaml,
+                             split_policy)
 from syncsafe.studies.dvc_overrides import check_same, set_param_args
 
 #: Where study files live, relative to the project root.
@@ -206,26 +206,6 @@ def _axis_points(axis: Axis, params: Params, path: Path) -> list[Point]:
 
 def _text(value: Any) -> str:
     return ",".join(map(str, value)) if isinstance(value, list) else str(value)
-
-
-def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    """`raw` with each dotted key set (`None` removes it); intermediate mappings are created."""
-    out = copy.deepcopy(raw)
-    for dotted, value in overrides.items():
-        parts = dotted.split(".")
-        if not all(parts):
-            raise ConfigError(f"{dotted!r}: not a dotted params key")
-        node = out
-        for i, part in enumerate(parts[:-1]):
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise ConfigError(f"{dotted}: {'.'.join(parts[: i + 1])} is a value, not a section")
-            node = child
-        if value is None:
-            node.pop(parts[-1], None)
-        else:
-            node[parts[-1]] = copy.deepcopy(value)
-    return out
 
 
 def _validated(base: dict[str, Any], overrides: dict[str, Any], where: str) -> Params:

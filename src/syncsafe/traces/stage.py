@@ -9,6 +9,7 @@ Where the files live and how they are read: `syncsafe.artifacts.traces`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -24,7 +25,7 @@ from syncsafe.traces.trace_regime import build_trace_sets
 #: Per-seed description of a trace regime's segment (beside timeline.parquet).
 TRACE_INFO = layout.TRACE_INFO_FILE
 
-__all__ = ["TRACE_INFO", "build_traces", "load_timeline", "trace_dir"]
+__all__ = ["TRACE_INFO", "build_traces", "load_timeline", "seed_loads", "trace_dir"]
 
 
 def load_timeline(root: Path, regime: str, seed: int) -> pd.DataFrame:
@@ -35,14 +36,26 @@ def load_timeline(root: Path, regime: str, seed: int) -> pd.DataFrame:
 def build_traces(params: Params, regime: str, root: Path = Path(".")) -> list[Path]:
     """Write timeline.parquet and requests.parquet for every seed of `regime`."""
     cfg = params.regimes[regime]
-    step = params.traces.step_s
     written = []
     if isinstance(cfg, TraceRegime):
         for seed, cut in build_trace_sets(params, regime).items():
             written += write_trace_set(root, regime, seed, cut.timeline, cut.requests, cut.info)
         return written
-    for seed in params.seeds:
-        timeline = generate_timeline(regime, cfg, step, seed)
-        requests = generate_requests(timeline, params.traces.requests, step, regime_rng(regime, seed, "requests"))
-        written += write_trace_set(root, regime, seed, timeline, requests)
+    for seed, load in seed_loads(params, regime, params.seeds).items():
+        written += write_trace_set(root, regime, seed, *load)
     return written
+
+
+def seed_loads(params: Params, regime: str, seeds: Sequence[int]) -> dict[int, tuple[pd.DataFrame, pd.DataFrame]]:
+    """Each seed's (timeline, requests), as `build_traces` writes them (any seeds, nothing written; a trace
+    regime's trace is read once)."""
+    cfg = params.regimes[regime]
+    if isinstance(cfg, TraceRegime):
+        cuts = build_trace_sets(params.model_copy(update={"seeds": list(seeds)}), regime)
+        return {seed: (cut.timeline, cut.requests) for seed, cut in cuts.items()}
+    loads = {}
+    for seed in seeds:
+        timeline = generate_timeline(regime, cfg, params.traces.step_s, seed)
+        loads[seed] = timeline, generate_requests(timeline, params.traces.requests, params.traces.step_s,
+                                                  regime_rng(regime, seed, "requests"))
+    return loads

@@ -10,12 +10,14 @@ params, arguments, input files), 3 a lost island.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from syncsafe.cli.common import ParamsOpt, RegimeOpt, RootOpt, run_stage_command as _run
+from syncsafe.cli.studies import study_app
+from syncsafe.cli.tuning import headroom, tune
 from syncsafe.config import ConfigError, load_params
 from syncsafe.errors import BadInput
 from syncsafe.pipeline.failures import fails_cleanly as _fails_cleanly
@@ -25,22 +27,10 @@ schedules_app = typer.Typer(help="Merge schedules: bare `syncsafe schedules` sho
 app.add_typer(schedules_app, name="schedules")
 replay_app = typer.Typer(help="Serving replay: bare `syncsafe replay` shows the summary view.")
 app.add_typer(replay_app, name="replay")
-study_app = typer.Typer(help="Studies (studies/<name>.yaml): ablations and sensitivity sweeps as DVC experiments.",
-                        no_args_is_help=True)
 app.add_typer(study_app, name="study")
 real_arm_app = typer.Typer(help="The real (vLLM) arm's outputs: `compare A B` checks that two runs reproduce.",
                            no_args_is_help=True)
 app.add_typer(real_arm_app, name="real-arm")
-
-ParamsOpt = Annotated[Path, typer.Option("--params", help="params.yaml to read")]
-RootOpt = Annotated[Path, typer.Option("--root", help="project root that data/ and runs/ live under")]
-RegimeOpt = Annotated[list[str] | None, typer.Option("--regime", help="regime(s) to run; default: all")]
-
-def _run(stage: str, params: Path, root: Path, regimes: list[str] | None = None, **options) -> None:
-    """Stage `stage` through the pipeline runner (tracked), its lines echoed."""
-    from syncsafe.pipeline.runner import run_stage
-
-    run_stage(stage, load_params(params), root, params, regimes, echo=typer.echo, **options)
 
 
 @app.command()
@@ -416,69 +406,8 @@ def run_pipeline(
     typer.echo(f"ran {len(outcome.walls)} items ({total:.0f} s of stage wall time); dvc.lock records them")
 
 
-StudyArg = Annotated[str, typer.Argument(help="a study file's name: studies/<name>.yaml")]
-FullOpt = Annotated[bool, typer.Option("--full", help="leave out the study's cheap overrides (trained "
-                                                      "schedules, real replays: the nightly's version)")]
-
-
-@study_app.command("run")
-@_fails_cleanly
-def study_run(name: StudyArg, full: FullOpt = False,
-              dry_run: Annotated[bool, typer.Option("--dry-run", help="print the queue commands only")] = False,
-              root: RootOpt = Path(".")) -> None:
-    """Queue one DVC experiment per point (`dvc exp run --queue -S ...`), run them one at a time, then report."""
-    from syncsafe.studies.report import write_study_report
-    from syncsafe.studies.run import queue_commands, run_study
-    from syncsafe.studies.spec import load_study
-
-    study = load_study(root, name, full=full)
-    if dry_run:
-        for command in queue_commands(study):
-            typer.echo(" ".join(command))
-        return
-    run_study(root, study, echo=typer.echo)
-    typer.echo(f"study {name}: report in {write_study_report(root, study)}")
-
-
-@study_app.command("points")
-@_fails_cleanly
-def study_points(name: StudyArg, full: FullOpt = False, root: RootOpt = Path(".")) -> None:
-    """The study's points as JSON (slug, experiment, whether it trains): what the study DAG maps over."""
-    import json
-
-    from syncsafe.studies.spec import load_study, point_params
-
-    study = load_study(root, name, full=full)
-    typer.echo(json.dumps([{"point": p.name, "slug": p.slug, "experiment": study.experiment(p),
-                            "trains": point_params(study, p).schedules.source == "train"}
-                           for p in study.distinct()]))
-
-
-@study_app.command("point")
-@_fails_cleanly
-def study_point(name: StudyArg, point: Annotated[str, typer.Argument(help="the point's slug (`study points`)")],
-                full: FullOpt = False, root: RootOpt = Path(".")) -> None:
-    """Run one point in the foreground as a DVC experiment (`dvc exp run --temp`)."""
-    from syncsafe.studies.run import run_point
-    from syncsafe.studies.spec import load_study
-
-    study = load_study(root, name, full=full)
-    chosen = [p for p in study.distinct() if p.slug == point]
-    if not chosen:
-        raise BadInput(f"point {point!r}: not a point of study {name} that runs ({', '.join(p.slug for p in study.distinct())})")
-    record = run_point(root, study, chosen[0], echo=typer.echo)
-    typer.echo(f"point {record.point}: experiment {record.experiment}; ran {len(record.ran)} stage(s), "
-               f"reused {len(record.reused)}")
-
-
-@study_app.command("report")
-@_fails_cleanly
-def study_report(name: StudyArg, full: FullOpt = False, root: RootOpt = Path(".")) -> None:
-    """Judge the study's points from their DVC experiments (nothing reruns): reports/studies/<name>/."""
-    from syncsafe.studies.report import write_study_report
-    from syncsafe.studies.spec import load_study
-
-    typer.echo(str(write_study_report(root, load_study(root, name, full=full))))
+app.command()(tune)
+app.command()(headroom)
 
 
 @app.command("dvc-yaml")
@@ -515,7 +444,3 @@ def check(params: ParamsOpt = Path("params.yaml")) -> None:
 
 def main() -> None:  # pragma: no cover - console entry point
     app(prog_name="syncsafe")
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Controller knobs chosen on load the judging never sees, and the headroom an online controller has."""
