@@ -9,7 +9,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 
 VLLM_VENV ?= .venv-vllm
 
-.PHONY: setup vllm-env run test test-fast bench clean
+.PHONY: setup vllm-env run run-powered test test-fast bench clean
 
 $(BIN)/syncsafe: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,13 @@ test: setup vllm-env airflow-env team-env
 	pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not real_server"; shared=$$?; \
 	pytest -m real_server; alone=$$?; \
 	test $$shared -eq 0 -a $$alone -eq 0
+
+# The powered profile (src/syncsafe/profiles/powered.yaml: both regimes, four seeds, three draws, the 300/30
+# request floors): params.yaml is rewritten with its overlay (`git checkout params.yaml` returns to the default),
+# then the pipeline runs; about two hours of real replays on 2 cores.
+run-powered: setup vllm-env
+	syncsafe profile powered --out params.yaml
+	syncsafe run
 
 test-fast: setup
 	pytest -m "not slow"

@@ -107,8 +107,9 @@ def _label(text: str) -> None:
         "profile": Param(
             os.environ.get("SYNCSAFE_NIGHTLY_PROFILE", "gpu"),
             type="string",
-            enum=["cpu", "gpu", "tiny"],
+            enum=["cpu", "powered", "gpu", "tiny"],
             description="profile (syncsafe/profiles/): cpu (params.yaml: small local model, vLLM CPU), "
+                        "powered (cpu with the real arm at the paper's standard: CPU nodes), "
                         "gpu (hub model, vLLM CUDA) or tiny (cpu shrunk to one regime and seed)",
         ),
         "regimes": Param(None, type=["null", "array"], items=_NAME, minItems=1, uniqueItems=True,

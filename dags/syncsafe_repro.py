@@ -46,7 +46,7 @@ DAG_ID = "syncsafe_repro"
     tags=[*TAGS_BASE, "dvc", "repro"],
     doc_md=__doc__,
     params={
-        "profile": Param("cpu", type="string", enum=["cpu", "gpu", "tiny"],
+        "profile": Param("cpu", type="string", enum=["cpu", "powered", "gpu", "tiny"],
                          description="profile to reproduce (syncsafe/profiles/; cpu: params.yaml itself)"),
         "targets": Param([], type="array", items={"type": "string", "pattern": "^[A-Za-z0-9_@.-]+$"},
                          uniqueItems=True, description="DVC stages to reproduce (empty: the whole pipeline)"),

@@ -27,11 +27,12 @@ from syncsafe.schedules.schedule import read_schedule
 from syncsafe.schedules.stage import build_index, build_schedules
 from syncsafe.serving.placement import parse_cpu_list
 from syncsafe.serving.vllm_plan import check_span_budget
-from syncsafe.serving.capacity import CONFIRM_REPEATS, coarse_time_scale
+from syncsafe.serving.capacity import CONFIRM_REPEATS
 from syncsafe.artifacts.calibration import read_server_profile
 from syncsafe.artifacts.schedule_sets import read_schedule_index
 from syncsafe.serving.engine_profile import ServerProfile
 from syncsafe.serving.real_arm import server_log_path
+from syncsafe.serving.real_evidence import controls_disagree
 from syncsafe.serving.real_plan import plan_real_arm
 from syncsafe.serving.server_profile import read_measured_server
 from syncsafe.serving.vllm_replay import replay_vllm
@@ -104,8 +105,8 @@ def test_real_server_answers_an_open_loop_replay(vllm_project):
 
 def _check_invalid_reasons(root: Path, rec, requests: pd.DataFrame, reasons: str) -> None:
     """A replay of a quiet machine is invalid only for what its server measured: a no-sync control whose TTFT p95
-    passed the capacity search's bound (overloaded), or its seed's no-sync controls spreading beyond
-    `max_control_spread` (the noise floor; a VM whose server pace moves between replays is measured as such)."""
+    passed the capacity search's bound (overloaded), or its seed's no-sync controls disagreeing beyond their
+    sampling noise (the noise floor; a VM whose server pace moves between replays is measured as such)."""
     plan = json.loads((root / VLLM_SET / "plan.json").read_text())
     for reason in reasons.split("; "):
         if reason.startswith("overloaded: "):
@@ -116,11 +117,11 @@ def _check_invalid_reasons(root: Path, rec, requests: pd.DataFrame, reasons: str
         controls = pd.concat([_replays(root), _replays(root, "repeats.csv")])
         controls = controls[(controls["policy"] == "no_sync") & (controls["regime"] == rec.regime)
                             & (controls["seed"] == rec.seed)]
-        p95s = [np.percentile(pd.read_parquet(root / c.path / "requests.parquet")["e2e_ms"], 95)
-                for c in controls.itertuples()
-                if "overloaded" not in (_summary(root, c.path).get("invalid_reason") or "")]
-        limit = load_params(root / "params.yaml").replay.vllm.max_control_spread
-        assert len(p95s) >= 2 and (max(p95s) - min(p95s)) / np.median(p95s) > limit
+        tables = [pd.read_parquet(root / c.path / "requests.parquet") for c in controls.itertuples()
+                  if "overloaded" not in (_summary(root, c.path).get("invalid_reason") or "")]
+        cfg = load_params(root / "params.yaml").replay.vllm
+        test = controls_disagree(tables, cfg.bootstrap_resamples, (rec.seed, len(tables), *rec.regime.encode()))
+        assert len(tables) >= 2 and test.disagree(cfg.control_alpha)
 
 
 def test_the_plan_is_the_pure_function_of_params_and_the_profile_the_replay_stage_printed(vllm_project):
@@ -136,20 +137,22 @@ def test_the_plan_is_the_pure_function_of_params_and_the_profile_the_replay_stag
     assert measured.warmup is not None and written["warmup"] is not None, "both server runs were warmed up"
 
 
-def test_the_capacity_search_ran_on_the_real_server_and_set_the_declared_utilisation(vllm_project):
+def test_the_profile_checked_the_pinned_load_on_the_real_server(vllm_project):
+    """The plan is pinned (time scale and span from params): the profile confirms the rate its busiest window
+    needs at the target utilisation instead of searching for the knee, and records it as the capacity's lower
+    bound."""
     plan = json.loads((vllm_project / VLLM_SET / "plan.json").read_text())
     load = plan["loads"]["bursty"]
     probes = load["probes"]
-    assert probes[0]["sustained"] and any(not p["sustained"] for p in probes), "the search crossed the knee"
-    capacity = load["capacity_rps"]
-    assert capacity <= max(p["rate_rps"] for p in probes if p["sustained"])
-    at_capacity = [p for p in probes if p["rate_rps"] == capacity]
-    assert capacity == probes[0]["rate_rps"] or (len(at_capacity) >= CONFIRM_REPEATS
-                                                 and all(p["sustained"] for p in at_capacity[-CONFIRM_REPEATS:])), \
-        "the capacity is a rate every confirmation repeat sustained"
+    pinned = load_params(vllm_project / "params.yaml").replay.vllm.pinned_time_scale("bursty")
+    assert load["time_scale"] == pinned and load["time_scale_fixed"]
+    assert probes[0]["sustained"] and probes[0]["rate_rps"] < load["capacity_rps"], "the light probe came first"
+    assert load["capacity_rps"] == pytest.approx(load["peak_rate"] * pinned / 0.7)
+    at_capacity = [p for p in probes if p["rate_rps"] == load["capacity_rps"]]
+    assert sum(p["sustained"] for p in at_capacity) == CONFIRM_REPEATS, "every confirmation repeat held the rate"
+    assert max(p["rate_rps"] for p in probes) == load["capacity_rps"], "nothing above the pinned need was probed"
     assert load["ttft_bound_ms"] == pytest.approx(3.0 * probes[0]["ttft_p95_ms"])
-    assert load["time_scale"] == coarse_time_scale(0.7 * capacity / load["peak_rate"])
-    assert 0.7 * 0.75 <= load["utilisation"] <= 0.7 + 1e-9  # at most one grid step below the target
+    assert load["utilisation"] == pytest.approx(0.7)
     assert len(load["noise_log_ratios"]) > 10
     regime = plan["regimes"]["bursty"]
     assert regime["time_scale"] == load["time_scale"] and 0.0 <= regime["power"] <= 1.0
@@ -196,8 +199,8 @@ def test_replays_ran_in_blocks_each_with_a_no_sync_control_and_the_slo_pooled_fr
     left_out = [s for s in summaries if not s["valid"]]
     if left_out:  # the noise floor: one control more than planned, then the seed left out whole
         assert len(controls) == 4 and len(left_out) == len(summaries)
-        limit = load_params(vllm_project / "params.yaml").replay.vllm.max_control_spread
-        assert all(s["control_spread"] > limit for s in summaries), "the spread that left it out is recorded"
+        alpha = load_params(vllm_project / "params.yaml").replay.vllm.control_alpha
+        assert all(s["control_p"] < alpha for s in summaries), "the noise test that left it out is recorded"
     for s in summaries:
         low, high = s["e2e_p95_ci_ms"]
         assert low <= s["e2e_p95_ms"] <= high

@@ -97,7 +97,8 @@ def test_gpu_profile_overlay_is_valid(repo_root, tmp_path, cli):
     gpu = load_params(out)
     assert gpu.profile == "gpu" and gpu.train.islands == 8 and len(gpu.seeds) == 10
     assert gpu.regimes["bursty"].period_s == 120  # untouched keys keep the cpu values
-    assert gpu.replay.vllm.time_scale is None and gpu.replay.vllm.budget_s == 3600  # the load is set by capacity
+    assert gpu.replay.vllm.budget_s == 3600
+    assert all(gpu.replay.vllm.pinned_time_scale(r) is None for r in gpu.regimes)  # the load is set by capacity
     assert gpu.train.hub.model.startswith("HuggingFaceTB/")
 
 
@@ -105,11 +106,27 @@ def test_gpu_profile_overlay_is_valid(repo_root, tmp_path, cli):
 
 
 def test_every_profile_composes_to_valid_params_labelled_by_its_overlays(repo_root):
-    assert available() == ["cpu", "gpu", "tiny"]
+    assert available() == ["cpu", "gpu", "powered", "tiny"]
     assert compose_file(repo_root / "params.yaml", ["cpu"]) == yaml.safe_load((repo_root / "params.yaml").read_text())
-    for name in ("gpu", "tiny"):
+    for name in ("gpu", "powered", "tiny"):
         p = parse_params(compose_file(repo_root / "params.yaml", [name]))
         assert p.profile == name and p.overlays == [name]
+
+
+def test_the_three_sizes_pin_their_real_plans_and_powered_holds_the_papers_standard(repo_root):
+    from syncsafe.serving.vllm_plan import vllm_regimes, vllm_seed_split
+
+    for name in ("cpu", "powered", "tiny"):
+        p = parse_params(compose_file(repo_root / "params.yaml", [name]))
+        for regime in vllm_regimes(p):  # the same plan on every machine: time scale and span from params
+            assert p.replay.vllm.pinned_time_scale(regime) and p.replay.vllm.pinned_span_s(regime), (name, regime)
+    cpu = parse_params(compose_file(repo_root / "params.yaml", ["cpu"]))
+    fit, held = vllm_seed_split(cpu)
+    assert vllm_regimes(cpu) == [cpu.analysis.primary.regime] and len(fit) >= 1 and len(held) >= 1
+    powered = parse_params(compose_file(repo_root / "params.yaml", ["powered"]))
+    v = powered.replay.vllm
+    assert set(vllm_regimes(powered)) >= {"bursty", "azure_conv"} and len(v.seeds or []) >= 4 and v.draws >= 3
+    assert v.min_requests >= 300 and v.min_merge_active >= 30
 
 
 def test_gpu_profile_spells_where_and_what_it_trains(repo_root):
@@ -161,7 +178,7 @@ def test_set_param_profile_on_the_cli_is_one_line_exit_2(repo_root, tmp_path):
 
 @pytest.mark.parametrize(
     ("names", "expected"),
-    [(["tpu"], "profile 'tpu': expected one of ['cpu', 'gpu', 'tiny']"),
+    [(["tpu"], "profile 'tpu': expected one of ['cpu', 'gpu', 'powered', 'tiny']"),
      (["tiny", "tiny"], "each profile may be applied once")],
 )
 def test_unknown_or_repeated_profile_is_refused(repo_root, names, expected):

@@ -16,6 +16,7 @@ from typing import Annotated
 import typer
 
 from syncsafe.cli.common import ParamsOpt, RegimeOpt, RootOpt, run_stage_command as _run
+from syncsafe.cli.real_arm import real_arm_app
 from syncsafe.cli.studies import study_app
 from syncsafe.cli.tuning import headroom, tune
 from syncsafe.config import ConfigError, load_params
@@ -28,8 +29,6 @@ app.add_typer(schedules_app, name="schedules")
 replay_app = typer.Typer(help="Serving replay: bare `syncsafe replay` shows the summary view.")
 app.add_typer(replay_app, name="replay")
 app.add_typer(study_app, name="study")
-real_arm_app = typer.Typer(help="The real (vLLM) arm's outputs: `compare A B` checks that two runs reproduce.",
-                           no_args_is_help=True)
 app.add_typer(real_arm_app, name="real-arm")
 
 
@@ -326,38 +325,10 @@ def compare(
     typer.echo(render_table(table, fmt), nl=False)
 
 
-@real_arm_app.command("compare")
-@_fails_cleanly
-def real_arm_compare(
-    a: Annotated[Path, typer.Argument(help="project root of the first run (its runs/ and reports/)")],
-    b: Annotated[Path, typer.Argument(help="project root of the second run")],
-    time_scale_tolerance: Annotated[
-        float, typer.Option("--time-scale-tolerance", min=0.0, help="largest relative gap of the plans' time scales")
-    ] = 0.10,
-) -> None:
-    """Does the real arm reproduce? Plans, tiers, gate ratios, held-out fidelity and the real controller minus
-    matched random of run A against run B.
-
-    Exit 0: everything reproduces; 1: something does not (one line per failure on stderr); 2: an input file
-    is missing or malformed (named).
-    """
-    from syncsafe.analysis.reproduce import compare_real_arms, render
-
-    result = compare_real_arms(a, b, time_scale_tolerance=time_scale_tolerance)
-    for line in render(result):
-        typer.echo(line)
-    failures = result.failures
-    if failures:
-        for line in failures:
-            typer.echo(f"not reproduced: {line}", err=True)
-        raise typer.Exit(1)
-    typer.echo("reproduces: same plan and tiers; gate, fidelity and real-vs-random agree")
-
-
 @app.command()
 @_fails_cleanly
 def profile(
-    name: Annotated[str, typer.Argument(help="cpu | gpu | tiny (overlays in syncsafe/profiles/)")],
+    name: Annotated[str, typer.Argument(help="cpu | powered | gpu | tiny (overlays in syncsafe/profiles/)")],
     out: Annotated[Path, typer.Option("--out", help="params file to write")],
     params: ParamsOpt = Path("params.yaml"),
 ) -> None:

@@ -38,6 +38,7 @@ from syncsafe.config.base import (
     Fraction,
     PositiveFloat,
     Strict,
+    UNION_TAGS,
     max_num_seqs,
     policy_label,
     split_policy,
@@ -174,6 +175,7 @@ def _format_error(source: str, err: ValidationError) -> str:
         loc = [str(p) for p in e["loc"]]
         if loc[:1] == ["regimes"] and len(loc) >= 3:
             del loc[2]  # the `kind` tag pydantic inserts for the discriminated union
+        loc = [p for p in loc if p not in UNION_TAGS]  # a value given once or per regime
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown key (not in the params schema)"

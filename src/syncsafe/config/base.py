@@ -6,7 +6,7 @@ import re
 from collections.abc import Sequence
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from syncsafe.errors import BadInput
 
@@ -76,6 +76,16 @@ class Strict(BaseModel):
 
 PositiveFloat = Annotated[float, Field(gt=0)]
 Fraction = Annotated[float, Field(ge=0, le=1)]
+
+#: Tags of a value given once for every regime or per regime; error messages leave them out of the key.
+ONE_VALUE, PER_REGIME = "<one value>", "<per regime>"
+UNION_TAGS = (ONE_VALUE, PER_REGIME)
+
+#: A positive number for every regime, or a mapping regime -> positive number.
+PerRegimeFloat = Annotated[
+    Annotated[PositiveFloat, Tag(ONE_VALUE)] | Annotated[dict[str, PositiveFloat], Tag(PER_REGIME)],
+    Discriminator(lambda v: PER_REGIME if isinstance(v, dict) else ONE_VALUE),
+]
 
 
 def max_num_seqs(server_args: Sequence[str]) -> int | None:

@@ -6,7 +6,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from syncsafe.config.base import CONTROLLER_POLICIES, RESERVED_SERVER_ARGS, PolicyName, Fraction, PositiveFloat, Strict, max_num_seqs
+from syncsafe.config.base import (CONTROLLER_POLICIES, RESERVED_SERVER_ARGS, Fraction, PerRegimeFloat, PolicyName,
+                                  PositiveFloat, Strict, max_num_seqs)
 
 # --------------------------------------------------------------------------- control
 
@@ -254,7 +255,8 @@ class SimulatorReplay(Strict):
 
 
 class VllmReplay(Strict):
-    """Replay against a real vLLM server: a plan sized to the server, the budget and the gate's power.
+    """Replay against a real vLLM server: a plan pinned by params (or sized to the server, the budget and the
+    gate's power where they leave it null), checked against the server profile.
 
     See `syncsafe.serving.vllm_plan` (what is replayed), `.capacity` (the load) and `.plan_sizing` (the span).
     """
@@ -265,8 +267,8 @@ class VllmReplay(Strict):
     #: Model to serve: a path or hub name; null = the trained export, else the model training starts from
     #: (`train.source`).
     model: str | None = None
-    regimes: list[str] = Field(default_factory=lambda: ["bursty", "azure_conv"], min_length=1)
-    #: Seeds to replay; null = the first three of `seeds` (two to fit, one held out: `vllm_plan.DEFAULT_N_SEEDS`).
+    regimes: list[str] = Field(default_factory=lambda: ["bursty"], min_length=1)
+    #: Seeds to replay; null = the first two of `seeds` (one to fit, one held out: `vllm_plan.DEFAULT_N_SEEDS`).
     seeds: list[int] | None = None
     #: Seeds the calibrate-fit stage fits the simulator on; null = half the replayed seeds, two at least once one
     #: is left to hold out (`vllm_plan.default_fit_count`).
@@ -277,26 +279,29 @@ class VllmReplay(Strict):
     #: the budget allows; null = none. Each adds four replays per seed.
     policies: list[str] | None = Field(default_factory=list)
     #: Span-matched random draws replayed per controller: at most this many, fewer when the budget needs it.
-    draws: Annotated[int, Field(ge=1)] = 2
+    draws: Annotated[int, Field(ge=1)] = 1
     #: No-sync replays per seed: first, interleaved, last (the gate's drift controls and noise floor).
     no_sync_controls: Annotated[int, Field(ge=3)] = 3
     #: Profile the engine before the replays (iteration time by batch composition, with and without merges).
     engine_profile: bool = True
     #: Wall seconds per engine-profile probe.
     engine_profile_probe_s: PositiveFloat = 2.5
-    #: Trace seconds replayed per wall second; null = set per regime so that its busiest window runs at
-    #: `target_utilisation` of the server's measured capacity.
-    time_scale: PositiveFloat | None = None
+    #: Trace seconds replayed per wall second, one for every regime or per regime (a mapping); the plan is then
+    #: pinned and the server profile only checks it (refused when the busiest window would run over
+    #: `target_utilisation` of the measured capacity). null (or a regime the mapping leaves out) = set from the
+    #: measured capacity, which differs by 2x between machines of one kind: a plan that does not reproduce.
+    time_scale: PerRegimeFloat | None = Field(default_factory=lambda: {"bursty": 2.5})
     #: Share of the measured capacity the busiest window of the no-sync load runs at.
     target_utilisation: Annotated[float, Field(gt=0, le=0.9)] = 0.7
     #: Capacity: the highest probed rate whose TTFT p95 stays within this many times the light-load TTFT p95.
     capacity_ttft_factor: Annotated[float, Field(gt=1)] = 3.0
     #: Wall seconds per capacity probe.
     capacity_probe_s: PositiveFloat = 6.0
-    #: Trace seconds [0, span_s) every real replay covers; null = sized by the gate's power within `budget_s`.
-    span_s: PositiveFloat | None = None
+    #: Trace seconds [0, span_s) every real replay covers, one for every regime or per regime (a mapping);
+    #: null (or a regime the mapping leaves out) = sized by the gate's power within `budget_s`.
+    span_s: PerRegimeFloat | None = Field(default_factory=lambda: {"bursty": 100.0})
     #: Wall seconds the planned replays may take (server start, profile and capacity probes not counted).
-    budget_s: PositiveFloat = 4800.0
+    budget_s: PositiveFloat = 900.0
     #: What the powered plan leaves of `budget_s` lengthens every span alike; false = the budget is a ceiling
     #: and each regime is replayed at its shortest powered span (a plan that does not grow with the budget).
     fill_budget: bool = False
@@ -307,7 +312,8 @@ class VllmReplay(Strict):
     #: In-flight cap of the load generator; waits it causes are recorded per request.
     max_in_flight: Annotated[int, Field(ge=1)] = 256
     server_args: list[str] = Field(
-        default_factory=lambda: ["--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", "32",
+        default_factory=lambda: ["--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", "64",
+                                 "--stream-interval", "8",
                                  "--kv-cache-memory-bytes", "64M", "--shutdown-timeout", "2",
                                  "--disable-uvicorn-access-log"]
     )
@@ -317,14 +323,15 @@ class VllmReplay(Strict):
     #: share ((max - min) / median), or `warmup_max_s` wall seconds are spent (`syncsafe.serving.warmup`).
     warmup_tolerance: Annotated[float, Field(gt=0, lt=1)] = 0.05
     warmup_stable_probes: Annotated[int, Field(ge=2)] = 3
-    warmup_max_s: Annotated[float, Field(ge=0)] = 240.0
+    warmup_max_s: Annotated[float, Field(ge=0)] = 90.0
     #: The request floor of every planned replay: requests in the span, and arrivals inside merge windows
     #: of each replay with merges (enough to estimate a p95 per replay).
-    min_requests: Annotated[int, Field(ge=1)] = 300
-    min_merge_active: Annotated[int, Field(ge=0)] = 30
-    #: Noise floor: a seed whose no-sync controls' p95 E2E spread ((max - min) / median) passes this gets one
-    #: more control; still over it, the seed is left out of the evidence with the reason.
-    max_control_spread: Annotated[float, Field(gt=0)] = 0.10
+    min_requests: Annotated[int, Field(ge=1)] = 150
+    min_merge_active: Annotated[int, Field(ge=0)] = 10
+    #: Noise floor: a seed whose no-sync controls disagree beyond their own sampling noise (the noise test's
+    #: p below this, `serving.real_evidence.controls_disagree`) gets one more control; still below with it, the
+    #: seed is left out of the evidence with the reason. At most this share of seeds is left out by chance.
+    control_alpha: Annotated[float, Field(gt=0, lt=0.5)] = 0.01
     #: Bootstrap resamples of each replay's p95 and SLO-rate interval.
     bootstrap_resamples: Annotated[int, Field(ge=100)] = 1000
     #: What runs beside the server during merge windows.
@@ -344,6 +351,14 @@ class VllmReplay(Strict):
     max_foreign_cpu: Annotated[float, Field(ge=0)] = 0.1
     busy_sample_s: PositiveFloat = 1.0
     busy_retry_pause_s: Annotated[float, Field(ge=0)] = 20.0
+
+    def pinned_time_scale(self, regime: str) -> float | None:
+        """The regime's time scale pinned by params; None when the profile sizes it."""
+        return self.time_scale.get(regime) if isinstance(self.time_scale, dict) else self.time_scale
+
+    def pinned_span_s(self, regime: str) -> float | None:
+        """The regime's span pinned by params; None when the plan sizes it."""
+        return self.span_s.get(regime) if isinstance(self.span_s, dict) else self.span_s
 
     @model_validator(mode="after")
     def _server_identity_is_ours(self) -> VllmReplay:
@@ -392,7 +407,7 @@ class LiveConfig(Strict):
     #: Wall seconds over which rates and occupancy are averaged.
     signal_window_s: PositiveFloat = 2.0
     #: Sequences the server runs at once (its --max-num-seqs): occupancy = (running + waiting) / this.
-    capacity_seqs: Annotated[int, Field(ge=1)] = 32
+    capacity_seqs: Annotated[int, Field(ge=1)] = 64
     #: Arrival rate (requests per trace second) at which the node counts as fully loaded.
     reference_rps: PositiveFloat = 6.0
     #: Inference pressure at or above which the node counts as busy.

@@ -16,6 +16,13 @@ confirmed (`confirm_capacity`): the rate is probed `repeats` more times with
 other arrivals (each with its retry), and stepped down by GROWTH ** 0.5 until
 every repeat holds. The capacity is that lower bound.
 
+**Check** (`check_capacity`): a pinned plan needs the capacity only to be
+at least its busiest window's rate over the target utilisation; that rate
+is confirmed directly (the light probe for the TTFT bound, then the
+confirmation's repeats), and the full search runs only when it does not
+hold, to name what the machine holds. About 30 s of probes instead of four
+minutes of search on a machine that holds the plan.
+
 **Load scale** (`load_scale`): the regime's busiest window (`window_s` trace
 seconds of arrivals, over every seed of its request tables) has
 `peak_rate` requests per trace second. Replaying trace time `time_scale`
@@ -23,11 +30,13 @@ times faster than wall time puts it at `peak_rate * time_scale` requests per
 wall second, so `time_scale = target_utilisation * capacity / peak_rate`
 sets the busiest window at the declared utilisation of the measured
 capacity, rounded *down* onto a coarse grid (`TIME_SCALE_GRID`, steps of
-at most 1.33x), so that two measurements of the same server give the same
-plan. A fixed `time_scale` (params) is kept and its utilisation
-reported; one that puts the busiest window, or the median window (the
-quiet periods), above capacity is refused (`LoadError`): an overloaded
-queue, not merges, would decide the SLO.
+at most 1.33x). Measured capacities of machines of one kind differ by 2x,
+so a sized time scale does not reproduce across machines: the default
+plan pins it (`replay.vllm.time_scale`) and the profile only checks it. A
+pinned time scale that puts the busiest window over `target_utilisation`
+of the measured capacity is refused (`LoadError`, one line naming the
+largest time scale the machine holds): an overloaded queue, not merges,
+would decide the SLO.
 
 **Noise floor** (`noise_probe`): the same probe at the replay's busiest
 rate, sent twice (same arrivals, same prompts, no merge; each at least
@@ -203,6 +212,28 @@ def confirm_capacity(send: Sender, mix: pd.DataFrame, rate_rps: float, floor_rps
     return floor_rps, probes
 
 
+def check_capacity(send: Sender, mix: pd.DataFrame, required_rps: float, first_guess_rps: float, probe_s: float,
+                   ttft_factor: float, seed: int = 0) -> tuple[float, float, list[CapacityProbe]]:
+    """(capacity rps, TTFT bound ms, probes) for a pinned load: the light probe sets the TTFT bound, then the
+    rate the pinned plan needs (`required_rps`: its busiest window over the target utilisation) is confirmed
+    like a knee (`CONFIRM_REPEATS` probes with fresh arrivals, each with its retry). Held, the capacity is that
+    rate, a lower bound: the machine holds the plan and nothing above it is probed. Not held, the full search
+    and its confirmation measure what the machine does hold (for the refusal to name)."""
+    light = max(min(first_guess_rps, required_rps) * LIGHT_SHARE, 0.5)
+    rows, reference, failures = probe(send, light, probe_s, mix, seed)
+    if reference is None or failures > 0:
+        raise LoadError(f"the server failed requests at a light load of {light:.2g} requests/s: no capacity to measure")
+    bound = ttft_factor * reference
+    probes = [CapacityProbe(rate_rps=light, n_requests=len(rows), ttft_p95_ms=reference,
+                            failure_rate=failures, sustained=True)]
+    if all(holds(send, required_rps, probe_s, mix, bound, seed + 7919 * repeat, probes)
+           for repeat in range(1, CONFIRM_REPEATS + 1)):
+        return required_rps, bound, probes
+    knee, bound, searched = search_capacity(send, mix, first_guess_rps, probe_s, ttft_factor, seed)
+    capacity, confirmations = confirm_capacity(send, mix, knee, searched[0].rate_rps, probe_s, bound, seed)
+    return capacity, bound, [*probes, *searched, *confirmations]
+
+
 def coarse_time_scale(raw: float) -> float:
     """The largest value of the coarse grid (`TIME_SCALE_GRID` x 10^k) at or below `raw`."""
     if not (np.isfinite(raw) and raw > 0):
@@ -237,20 +268,26 @@ def load_shape(arrivals: Sequence[np.ndarray], window_s: float, duration_s: floa
     return LoadShape(float(rates.max()), float(np.median(rates)))
 
 
+def holdable_time_scale(capacity_rps: float, shape: LoadShape, target_utilisation: float) -> float:
+    """The largest time scale of the coarse grid that puts the busiest window at or below `target_utilisation`
+    of `capacity_rps`."""
+    return coarse_time_scale(target_utilisation * capacity_rps / shape.peak_rate)
+
+
 def load_scale(regime: str, capacity_rps: float, shape: LoadShape, target_utilisation: float,
                fixed_time_scale: float | None) -> tuple[float, float, float]:
-    """(time_scale, busiest-window utilisation, median-window utilisation); LoadError when overloaded."""
-    scale = (fixed_time_scale if fixed_time_scale is not None
-             else coarse_time_scale(target_utilisation * capacity_rps / shape.peak_rate))
+    """(time_scale, busiest-window utilisation, median-window utilisation). A pinned `fixed_time_scale` is
+    checked, never changed: LoadError, in one line naming the largest time scale this capacity holds, when it
+    puts the busiest window over `target_utilisation` of the capacity (a sized one never does)."""
+    holds = holdable_time_scale(capacity_rps, shape, target_utilisation)
+    scale = fixed_time_scale if fixed_time_scale is not None else holds
     peak_u = shape.peak_rate * scale / capacity_rps
     median_u = shape.median_rate * scale / capacity_rps
-    if median_u > 1.0:
-        raise LoadError(f"regime {regime}: its quiet periods already exceed the server's capacity at time scale "
-                        f"{scale:.3g} ({shape.median_rate * scale:.3g} of {capacity_rps:.3g} requests/s); "
-                        "lower replay.vllm.time_scale or set it to null")
-    if peak_u > 1.0:
-        raise LoadError(f"regime {regime}: its busiest window exceeds the server's capacity at time scale {scale:.3g} "
-                        f"({peak_u:.0%}); lower replay.vllm.time_scale or set it to null")
+    if peak_u > target_utilisation * (1 + 1e-9):
+        raise LoadError(f"regime {regime}: the pinned replay.vllm.time_scale {scale:g} puts its busiest window at "
+                        f"{shape.peak_rate * scale:.3g} requests/s, {peak_u:.0%} of this machine's measured capacity "
+                        f"({capacity_rps:.3g} requests/s), over target_utilisation {target_utilisation:.0%}; the "
+                        f"largest time scale this machine holds is {holds:g}")
     return scale, peak_u, median_u
 
 

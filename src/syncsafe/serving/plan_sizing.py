@@ -258,7 +258,7 @@ class Sizing:
 
 
 def size_plans(designs: dict[str, RegimeDesign], controllers: list[str], budget_s: float, threshold: float,
-               power_target: float, max_draws: int, fixed_span_s: float | None = None,
+               power_target: float, max_draws: int, fixed_spans: dict[str, float] | None = None,
                fill_budget: bool = True) -> Sizing:
     """Regimes, controllers, draws and span per regime, in this order of priority (see the module docstring):
 
@@ -275,10 +275,13 @@ def size_plans(designs: dict[str, RegimeDesign], controllers: list[str], budget_
     meeting the request floor, or a powered span the budget cannot pay for. When no span powers it,
     it alone gets the longest informative span the budget allows, with one draw,
     and its plan says how much power that buys (the gate will then report *underpowered* when it does
-    not pass). A fixed span (`fixed_span_s`) is used as given, powered or not, but never below the request
-    floor: a regime whose planned replays it leaves short is left out with the reason, the first one fails,
-    and a further controller whose replays it leaves short is not added.
+    not pass). A pinned span (`fixed_spans[regime]`, `replay.vllm.span_s`) is used as given, powered or not,
+    but never below the request floor: a regime whose planned replays it leaves short is left out with the
+    reason, the first one fails, and a further controller whose replays it leaves short is not added. Its
+    floor counts arrivals inside merge windows (no simulated request lifetime), so that with a pinned time
+    scale the plan is the same on every machine; `fill_budget` lengthens only a plan with no pinned span.
     """
+    fixed_spans = dict(fixed_spans or {})
     cache: dict[tuple[str, int, int, float], GatePower] = {}
 
     def power(regime: str, n: int, draws: int, span: float) -> GatePower:
@@ -287,7 +290,8 @@ def size_plans(designs: dict[str, RegimeDesign], controllers: list[str], budget_
             cache[key] = plan_power(designs[regime], controllers[:n], span, draws, threshold)
         return cache[key]
 
-    lives = {r: nominal_lives(d) if d.min_merge_active else None for r, d in designs.items()}
+    lives = {r: nominal_lives(d) if d.min_merge_active and r not in fixed_spans else None
+             for r, d in designs.items()}
     grids: dict[tuple[str, int], list[float]] = {}
 
     def measurable(regime: str, n: int) -> list[float]:
@@ -300,12 +304,12 @@ def size_plans(designs: dict[str, RegimeDesign], controllers: list[str], budget_
                                 if informative(d, c, g) and floor_met(d, c, g, max_draws, lives[regime])]
         return grids[regime, n]
 
-    fixed_short = {r: _fixed_span_short(d, controllers[0], fixed_span_s, max_draws, lives[r])
-                   for r, d in designs.items()} if fixed_span_s is not None else {}
+    fixed_short = {r: _fixed_span_short(d, controllers[0], fixed_spans[r], max_draws, lives[r])
+                   for r, d in designs.items() if r in fixed_spans}
 
     def shortest(regime: str, n: int, draws: int) -> float | None:
-        if fixed_span_s is not None:
-            span = min(fixed_span_s, designs[regime].space.duration_s)
+        if regime in fixed_spans:
+            span = min(fixed_spans[regime], designs[regime].space.duration_s)
             further = all(floor_met(designs[regime], c, span, max_draws, lives[regime]) for c in controllers[1:n])
             return None if fixed_short[regime] or not further else span
         grid = measurable(regime, n)
@@ -359,14 +363,14 @@ def size_plans(designs: dict[str, RegimeDesign], controllers: list[str], budget_
                     sum(wall_s(included[r], n, draws, more[r]) for r in included) > budget_s:  # type: ignore[arg-type]
                 break
             n_chosen, spans = n, more  # type: ignore[assignment]
-        if fixed_span_s is None and fill_budget:
+        if fill_budget and not fixed_spans:
             spans = _fill_budget(included, {r: measurable(r, n_chosen) for r in included}, n_chosen, draws, spans,
                                  budget_s)
     else:  # nothing powered fits: the first regime, one draw, its longest informative span the budget allows
         n_chosen, draws = 1, 1
         fits = [g for g in measurable(first, 1) if wall_s(designs[first], 1, 1, g) <= budget_s]
         included = {first: designs[first]}
-        spans = ({first: shortest(first, 1, 1)} if fixed_span_s is not None  # type: ignore[dict-item]
+        spans = ({first: shortest(first, 1, 1)} if first in fixed_spans  # type: ignore[dict-item]
                  else _fill_budget(included, {first: fits or measurable(first, 1)[:1]}, 1, 1, {}, budget_s))
         left_out = {r: f"{why}; the budget powers no regime, so only the first one is replayed"
                     for r, why in admit(1)[1].items() if r != first}

@@ -3,7 +3,11 @@
 For every regime of `replay.vllm.regimes`, the declared primary's first
 (`vllm_plan.vllm_regimes`), the server profile (`server_profile`, its own
 stage) holds the measured load: the capacity's lower bound for the regime's
-token mix, the time scale on the coarse grid, and the noise probe. The plan
+token mix, the time scale, and the noise probe. Where params pin the time
+scale and span (`replay.vllm.time_scale`, `span_s`: the default), the plan
+is the same on every machine and the profile only checks it: a capacity
+that cannot hold the pinned time scale at the target utilisation is refused
+here too, before any replay (`check_pinned_load`). The plan
 (`syncsafe.serving.plan_sizing`) comes from those loads, the planned seeds'
 requests, timelines and controller schedules, and the engine profile's
 iteration costs and merge share; nothing here touches the server, so the
@@ -25,7 +29,7 @@ from syncsafe.control.serving_model import Calibration
 from syncsafe.errors import BadInput
 from syncsafe.schedules.action_space import ActionSpace
 from syncsafe.schedules.schedule import read_schedule
-from syncsafe.serving.capacity import RegimeLoad
+from syncsafe.serving.capacity import LoadShape, RegimeLoad, load_scale
 from syncsafe.serving.engine_profile import ServerProfile, profile_prior
 from syncsafe.serving.plan_sizing import RegimeDesign, SeedInputs, size_plans
 from syncsafe.serving.vllm_plan import RealPlan, RegimePlan, vllm_controllers, vllm_regimes, vllm_seed_split
@@ -47,6 +51,20 @@ def seed_inputs(root: Path, index: pd.DataFrame, regime: str, seed: int, control
                       read_schedule(layout.at(root, no_sync.iloc[0]["path"])))
 
 
+def check_pinned_load(params: Params, load: RegimeLoad) -> None:
+    """LoadError (one line naming the largest time scale it holds) when the profiled capacity cannot hold the
+    regime's pinned time scale at the target utilisation; BadInput when the profile measured another one."""
+    cfg = params.replay.vllm
+    pinned = cfg.pinned_time_scale(load.regime)
+    if pinned is None:
+        return
+    if load.time_scale != pinned:
+        raise BadInput(f"{layout.VLLM_SERVER_FILE.as_posix()}: {load.regime} was profiled at time scale "
+                       f"{load.time_scale:g}, replay.vllm.time_scale pins {pinned:g}; rerun the profile-vllm stage")
+    load_scale(load.regime, load.capacity_rps, LoadShape(load.peak_rate, load.median_rate), cfg.target_utilisation,
+               pinned)
+
+
 def plan_real_arm(params: Params, root: Path, index: pd.DataFrame, loads: dict[str, RegimeLoad],
                   profile: ServerProfile | None, placement: dict[str, object]) -> RealPlan:
     """The plan sized from the profiled `loads` and engine `profile` (see the module docstring)."""
@@ -58,13 +76,15 @@ def plan_real_arm(params: Params, root: Path, index: pd.DataFrame, loads: dict[s
     designs: dict[str, RegimeDesign] = {}
     for regime in vllm_regimes(params):
         load = loads[regime]
+        check_pinned_load(params, load)
         designs[regime] = RegimeDesign(
             regime=regime, seeds=[seed_inputs(root, index, regime, s, controllers) for s in fit + held],
             space=ActionSpace.of_params(params, regime), time_scale=load.time_scale, prior=prior,
             noise_log_ratios=np.asarray(load.noise_log_ratios), controls=cfg.no_sync_controls,
             min_requests=cfg.min_requests, min_merge_active=cfg.min_merge_active,
         )  # fmt: skip
-    sized = size_plans(designs, controllers, cfg.budget_s, threshold, cfg.power_target, cfg.draws, cfg.span_s,
+    pinned_spans = {r: span for r in designs if (span := cfg.pinned_span_s(r)) is not None}
+    sized = size_plans(designs, controllers, cfg.budget_s, threshold, cfg.power_target, cfg.draws, pinned_spans,
                        cfg.fill_budget)
     regimes = {}
     for regime, s in sized.regimes.items():
@@ -98,3 +118,37 @@ def describe_plan(plan: RealPlan) -> list[str]:
                if p.left_out else ""))
     lines += [f"{regime}: not replayed: {why}" for regime, why in plan.left_out.items()]
     return lines
+
+
+def size_from_profile(params: Params, root: Path, budget_s: float | None = None) -> RealPlan:
+    """The plan `syncsafe real-arm plan` proposes to pin: every regime's time scale sized from this machine's
+    profiled capacity (the largest on the coarse grid at the target utilisation) and its span sized by the gate's
+    power within `budget_s` (default `replay.vllm.budget_s`), whatever params pin now. A tool a user runs on
+    purpose on the slowest machine the plan must hold on; the run itself never sizes from a profile it pinned.
+    The noise probe is the one the profile took (at the pinned rate when params pinned one)."""
+    from syncsafe.artifacts.base import read_model
+    from syncsafe.artifacts.calibration import read_server_profile
+    from syncsafe.artifacts.schedule_sets import read_schedule_index
+    from syncsafe.serving.server_profile import HINT, MeasuredServer
+
+    cfg = params.replay.vllm
+    unpinned = cfg.model_copy(update={"time_scale": None, "span_s": None, "budget_s": budget_s or cfg.budget_s})
+    sized_params = params.model_copy(update={"replay": params.replay.model_copy(update={"vllm": unpinned})})
+    measured = read_model(layout.at(root, layout.VLLM_SERVER_FILE), MeasuredServer, "server profile", hint=HINT)
+    loads = {}
+    for regime in vllm_regimes(params):
+        load = measured.loads.get(regime)
+        if load is None:
+            raise BadInput(f"{layout.VLLM_SERVER_FILE.as_posix()}: no load measured for regime {regime}; {HINT}")
+        scale, peak_u, median_u = load_scale(regime, load.capacity_rps, LoadShape(load.peak_rate, load.median_rate),
+                                             cfg.target_utilisation, None)
+        loads[regime] = load.model_copy(update={"time_scale": scale, "time_scale_fixed": False, "utilisation": peak_u,
+                                                "median_utilisation": median_u})
+    return plan_real_arm(sized_params, root, read_schedule_index(root), loads, read_server_profile(root, ServerProfile),
+                         measured.placement)
+
+
+def pinned_params(plan: RealPlan) -> dict[str, dict[str, float]]:
+    """The `replay.vllm` keys that pin `plan`: per regime its time scale and span."""
+    return {"time_scale": {r: p.time_scale for r, p in plan.regimes.items()},
+            "span_s": {r: p.span_s for r, p in plan.regimes.items()}}

@@ -12,8 +12,10 @@ profile-vllm`, or `dvc repro --force profile-vllm`). In one server run:
    share of the server), written to `profile.json` for the calibration;
 3. per regime of `replay.vllm.regimes` (the declared primary's first): the
    capacity for its token mix as the lower bound of repeated probes, the
-   time scale from it rounded down onto a coarse grid, and the noise probe
-   (`capacity`).
+   pinned time scale checked against it (refused, naming the largest the
+   machine holds, when its busiest window would run over the target
+   utilisation) or, where params leave it null, the time scale sized from
+   it on a coarse grid, and the noise probe (`capacity`).
 
 `server.json` (`MeasuredServer`) holds the loads, the warm-up and what was
 served; `replay-vllm` plans from it as a pure function
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import os
 import platform
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -39,7 +42,9 @@ from syncsafe.artifacts.traces import read_requests
 from syncsafe.config import Params
 from syncsafe.errors import BadInput
 from syncsafe.serving.capacity import (
+    CapacityProbe,
     RegimeLoad,
+    check_capacity,
     confirm_capacity,
     load_scale,
     load_shape,
@@ -99,26 +104,54 @@ def first_guess_rps(profile: ServerProfile | None, mix: pd.DataFrame) -> float:
     return widest.concurrency / per_request_s if per_request_s > 0 else DEFAULT_FIRST_GUESS_RPS
 
 
+@dataclass(frozen=True)
+class MeasuredCapacity:
+    """A regime's capacity on the real server: the confirmed lower bound, the TTFT bound, every probe."""
+
+    capacity_rps: float
+    ttft_bound_ms: float
+    probes: list[CapacityProbe]
+
+
+def measure_capacity(params: Params, mix: pd.DataFrame, profile: ServerProfile | None, arm: RealArm,
+                     required_rps: float | None = None) -> MeasuredCapacity:
+    """The capacity for the token mix `mix` (`syncsafe.serving.capacity`): with `required_rps` (a pinned plan's
+    need) the check at that rate, falling back to the search when it does not hold; else the search, then its
+    confirmation."""
+    cfg = params.replay.vllm
+    seed = params.seeds[0]
+    sender = lambda t, epoch: arm.send(t, epoch, 1.0, seed)  # noqa: E731
+    guess = first_guess_rps(profile, mix)
+    if required_rps is not None:
+        capacity, bound, probes = check_capacity(sender, mix, required_rps, guess, cfg.capacity_probe_s,
+                                                 cfg.capacity_ttft_factor, seed)
+        return MeasuredCapacity(capacity, bound, probes)
+    knee, bound, probes = search_capacity(sender, mix, guess, cfg.capacity_probe_s, cfg.capacity_ttft_factor, seed)
+    capacity, confirmations = confirm_capacity(sender, mix, knee, probes[0].rate_rps, cfg.capacity_probe_s, bound,
+                                               seed)
+    return MeasuredCapacity(capacity, bound, [*probes, *confirmations])
+
+
 def measure_load(params: Params, root: Path, regime: str, profile: ServerProfile | None, arm: RealArm) -> RegimeLoad:
     """The regime's capacity, time scale and noise probe on the real server (`syncsafe.serving.capacity`)."""
     cfg = params.replay.vllm
     tables = [read_requests(root, regime, seed) for seed in params.seeds]
     mix = token_mix(tables)
-    seed = params.seeds[0]
-    sender = lambda t, epoch: arm.send(t, epoch, 1.0, seed)  # noqa: E731
-    knee, bound, probes = search_capacity(sender, mix, first_guess_rps(profile, mix), cfg.capacity_probe_s,
-                                          cfg.capacity_ttft_factor, seed)
-    capacity, confirmations = confirm_capacity(sender, mix, knee, probes[0].rate_rps, cfg.capacity_probe_s, bound,
-                                               seed)
     shape = load_shape([t["arrival_s"].to_numpy(dtype=float) for t in tables], params.merge.window_s,
                        params.regimes[regime].duration_s)
-    scale, peak_u, median_u = load_scale(regime, capacity, shape, cfg.target_utilisation, cfg.time_scale)
-    noise = noise_probe(sender, shape.peak_rate * scale, cfg.capacity_probe_s, mix, seed)
+    pinned = cfg.pinned_time_scale(regime)
+    required = None if pinned is None else shape.peak_rate * pinned / cfg.target_utilisation
+    measured = measure_capacity(params, mix, profile, arm, required)
+    scale, peak_u, median_u = load_scale(regime, measured.capacity_rps, shape, cfg.target_utilisation, pinned)
+    seed = params.seeds[0]
+    noise = noise_probe(lambda t, epoch: arm.send(t, epoch, 1.0, seed), shape.peak_rate * scale,
+                        cfg.capacity_probe_s, mix, seed)
     return RegimeLoad(
-        regime=regime, capacity_rps=capacity, ttft_bound_ms=bound, probes=[*probes, *confirmations],
-        peak_rate=shape.peak_rate, median_rate=shape.median_rate, window_s=params.merge.window_s, time_scale=scale,
-        time_scale_fixed=cfg.time_scale is not None, target_utilisation=cfg.target_utilisation,
-        utilisation=peak_u, median_utilisation=median_u, noise_log_ratios=noise,
+        regime=regime, capacity_rps=measured.capacity_rps, ttft_bound_ms=measured.ttft_bound_ms,
+        probes=measured.probes, peak_rate=shape.peak_rate, median_rate=shape.median_rate,
+        window_s=params.merge.window_s, time_scale=scale, time_scale_fixed=pinned is not None,
+        target_utilisation=cfg.target_utilisation, utilisation=peak_u, median_utilisation=median_u,
+        noise_log_ratios=noise,
     )  # fmt: skip
 
 
@@ -165,13 +198,13 @@ def read_measured_server(params: Params, root: Path) -> MeasuredServer:
         load = measured.loads.get(regime)
         if load is None:
             raise BadInput(f"{where}: no load measured for regime {regime} (replay.vllm.regimes); {HINT}")
-        fixed = cfg.time_scale is not None
+        pinned = cfg.pinned_time_scale(regime)
         if abs(load.target_utilisation - cfg.target_utilisation) > 1e-9 or load.window_s != params.merge.window_s \
-                or load.time_scale_fixed != fixed or (fixed and load.time_scale != cfg.time_scale):
+                or load.time_scale_fixed != (pinned is not None) or (pinned is not None and load.time_scale != pinned):
             raise BadInput(f"{where}: {regime}'s load was measured for replay.vllm.target_utilisation "
                            f"{load.target_utilisation:g}, merge.window_s {load.window_s:g} and time_scale "
                            f"{load.time_scale if load.time_scale_fixed else 'null'}; params now differ; {HINT}")
     return measured
 
 
-__all__ = ["MeasuredServer", "first_guess_rps", "measure_load", "profile_vllm", "read_measured_server"]
+__all__ = ["MeasuredCapacity", "MeasuredServer", "first_guess_rps", "measure_capacity", "measure_load", "profile_vllm", "read_measured_server"]

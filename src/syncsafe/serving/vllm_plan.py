@@ -48,10 +48,11 @@ from syncsafe.serving.capacity import RegimeLoad
 from syncsafe.serving.warmup import WarmupRecord
 from syncsafe.traces.timeline import regime_rng
 
-#: Seeds replayed when replay.vllm.seeds is null: two to fit, one held out (`default_fit_count`). Three, not
-#: four: the primary's regime at the request floor then fits the default budget on a server as slow as
-#: 18 req/s (4,751 s of replays; four seeds: 6,055 s), at the cost of the rank test's smallest p (3^-3, not 3^-4).
-DEFAULT_N_SEEDS = 3
+#: Seeds replayed when replay.vllm.seeds is null: one to fit, one held out (`default_fit_count`): the default
+#: real arm's gate, fit, fidelity and real-only row within its budget; two seeds cannot bring the exact rank test
+#: below alpha (its smallest p with one draw is 2^-2), so the real-only row states it is underpowered. The
+#: powered profile replays four.
+DEFAULT_N_SEEDS = 2
 ORDER_STREAM = "vllm-replay-order"
 SPAN_DRAW_STREAM = "vllm-span-draw"
 

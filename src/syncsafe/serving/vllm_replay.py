@@ -38,7 +38,7 @@ from syncsafe.config import Params
 from syncsafe.serving.engine_profile import ServerProfile
 from syncsafe.serving.placement import CpuPlacement
 from syncsafe.serving.real_arm import Measured, PhaseClock, PlannedReplay, RealArm, open_arm
-from syncsafe.serving.real_evidence import control_spread, pooled_slo, replay_intervals
+from syncsafe.serving.real_evidence import ControlTest, control_spread, controls_disagree, pooled_slo, replay_intervals
 from syncsafe.serving.real_plan import describe_plan, plan_real_arm
 from syncsafe.serving.replay import index_row, write_replay, write_set_index
 from syncsafe.serving.server_profile import read_measured_server
@@ -82,9 +82,9 @@ def replay_vllm(params: Params, root: Path = Path(".")) -> pd.DataFrame:
 
 
 def replay_regime(arm: RealArm, plan: RealPlan, regime: str, items: list[PlannedReplay], bar: tqdm) -> list[Measured]:
-    """The regime's planned replays in order, then the noise floor (`real_evidence.control_spread`): a seed
-    whose controls spread beyond `max_control_spread` gets one more control, and is left out (every replay
-    of it marked invalid, with the reason) when it is still over."""
+    """The regime's planned replays in order, then the noise floor (`real_evidence.controls_disagree`): a seed
+    whose controls disagree beyond their sampling noise (p < `control_alpha`) gets one more control, and is left
+    out (every replay of it marked invalid, with the reason) when the test with it still says so."""
     cfg, root = arm.cfg, arm.root
     regime_plan = plan.regimes[regime]
     load = plan.loads.get(regime)
@@ -99,25 +99,35 @@ def replay_regime(arm: RealArm, plan: RealPlan, regime: str, items: list[Planned
         measured.append(arm.replay(item, *inputs[int(item.row["seed"])], regime_plan, utilisation, bound))
         bar.update()
     for seed in regime_plan.seeds:
-        controls = [m for m in measured if m.seed == seed and m.item.control is not None]
-        spread = control_spread([m.results for m in controls if m.extra["valid"]])
-        if spread is None or spread <= cfg.max_control_spread:
+        test = _control_test(cfg, regime, seed, measured)
+        if test is None or not test.disagree(cfg.control_alpha):
             continue
-        tqdm.write(f"replay vllm: {regime} seed {seed}: no-sync p95 spread {spread:.0%} > max_control_spread "
-                   f"{cfg.max_control_spread:.0%}; one more control")
+        tqdm.write(f"replay vllm: {regime} seed {seed}: {test.describe()} < control_alpha {cfg.control_alpha:g}; "
+                   "one more control")
+        controls = [m for m in measured if m.seed == seed and m.item.control is not None]
         first = controls[0].item
         extra = arm.planned_replay(first.row, len(controls), len(measured), regime_plan.controls)
         bar.total += 1
         measured.append(arm.replay(extra, *inputs[seed], regime_plan, utilisation, bound))
         bar.update()
-        controls = [m for m in measured if m.seed == seed and m.item.control is not None]
-        spread = control_spread([m.results for m in controls if m.extra["valid"]])
-        if spread is not None and spread > cfg.max_control_spread:
-            why = (f"noise floor: seed {seed} left out, its {len(controls)} no-sync controls' p95 spread "
-                   f"{spread:.0%} > max_control_spread {cfg.max_control_spread:.0%}")
+        test = _control_test(cfg, regime, seed, measured)
+        if test is not None and test.disagree(cfg.control_alpha):
+            why = (f"noise floor: seed {seed} left out, its {test.describe()} < control_alpha "
+                   f"{cfg.control_alpha:g}: the server changed beyond its sampling noise")
             tqdm.write(f"replay vllm: {regime} {why}")
             measured = [m.invalid(why) if m.seed == seed else m for m in measured]
     return measured
+
+
+def _control_test(cfg, regime: str, seed: int, measured: list[Measured]) -> ControlTest | None:
+    """The noise test of the seed's valid no-sync controls."""
+    valid = [m.results for m in measured if m.seed == seed and m.item.control is not None and m.extra["valid"]]
+    return _noise_test(cfg, regime, seed, valid)
+
+
+def _noise_test(cfg, regime: str, seed: int, controls: list[pd.DataFrame]) -> ControlTest | None:
+    """`controls_disagree`, seeded per regime, seed and control count."""
+    return controls_disagree(controls, cfg.bootstrap_resamples, (seed, len(controls), *regime.encode()))
 
 
 def write_regime(params: Params, root: Path, measured: list[Measured]) -> list[dict]:
@@ -130,7 +140,9 @@ def write_regime(params: Params, root: Path, measured: list[Measured]) -> list[d
         valid = [c.results for c in controls if c.extra["valid"]]
         pooled = valid or [c.results for c in controls]
         per_seed[seed] = (pooled_slo(params, pooled),
-                          {"slo_controls": len(valid), "control_spread": control_spread(pooled)})
+                          {"slo_controls": len(valid), "control_spread": control_spread(pooled),
+                           "control_p": _p_of(_noise_test(cfg, str(controls[0].item.row["regime"]), seed,
+                                                          pooled))})
     rows = []
     for m in measured:
         slo, seed_fields = per_seed[m.seed]
@@ -140,6 +152,10 @@ def write_regime(params: Params, root: Path, measured: list[Measured]) -> list[d
         row["schedule"] = m.item.row["path"]
         rows.append(row)
     return rows
+
+
+def _p_of(test: ControlTest | None) -> float | None:
+    return None if test is None else test.p_value
 
 
 __all__ = ["replay_regime", "replay_vllm", "write_regime"]

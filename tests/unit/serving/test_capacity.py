@@ -9,7 +9,9 @@ import pytest
 from syncsafe.serving.capacity import (
     MAX_PROBES,
     MIN_PROBE_REQUESTS,
+    CONFIRM_REPEATS,
     LoadError,
+    check_capacity,
     LoadShape,
     coarse_time_scale,
     confirm_capacity,
@@ -74,6 +76,18 @@ def _searched(send):
     return knee, probes[0].rate_rps, 20.0, bound
 
 
+def test_a_pinned_rate_the_server_holds_is_checked_in_a_few_probes_and_one_it_does_not_is_searched():
+    send, sent = queue_sender(capacity=50.0)
+    capacity, bound, probes = check_capacity(send, MIX, 25.0, first_guess_rps=30.0, probe_s=20.0, ttft_factor=3.0)
+    assert capacity == 25.0 and bound == pytest.approx(3 * probes[0].ttft_p95_ms)
+    assert len(probes) == 1 + CONFIRM_REPEATS and all(p.sustained for p in probes)
+    assert max(p.rate_rps for p in probes) == 25.0, "nothing above the pinned need is probed"
+    searched = confirm_capacity(send, MIX, *_searched(send), seed=0)[0]
+    too_much, _, probes = check_capacity(send, MIX, 60.0, first_guess_rps=30.0, probe_s=20.0, ttft_factor=3.0)
+    assert too_much == pytest.approx(searched) and too_much < 60.0  # what it holds, for the refusal to name
+    assert not probes[1].sustained and not probes[2].sustained and probes[2].rate_rps == 60.0  # the retry
+
+
 def test_a_server_that_fails_at_light_load_is_refused():
     def failing(requests, epoch):
         return pd.DataFrame({"ttft_ms": np.nan, "e2e_ms": np.nan, "error": ["HTTP 500"] * len(requests)})
@@ -126,13 +140,16 @@ def test_the_capacity_is_confirmed_by_repeats_and_stepped_down_when_one_fails():
     assert floor == 40.0
 
 
-def test_a_fixed_time_scale_that_overloads_the_server_is_refused_in_one_line():
-    with pytest.raises(LoadError, match="regime bursty: its busiest window exceeds") as err:
-        load_scale("bursty", 60.0, LoadShape(6.0, 1.5), 0.7, 12.0)
+def test_a_pinned_time_scale_over_the_target_utilisation_is_refused_in_one_line_naming_what_it_holds():
+    # capacity 60, busiest window 6 req/s per trace second: 0.7 x 60 / 6 = 7 -> the grid's 6 is the largest held
+    with pytest.raises(LoadError, match=r"regime bursty: the pinned replay.vllm.time_scale 8 .* 80% of .*"
+                                        r"over target_utilisation 70%; the largest time scale this machine holds is 6$") as err:
+        load_scale("bursty", 60.0, LoadShape(6.0, 1.5), 0.7, 8.0)
     assert "\n" not in str(err.value)
-    with pytest.raises(LoadError, match="regime azure_conv: its quiet periods already exceed"):
+    with pytest.raises(LoadError, match="largest time scale this machine holds is 1$"):
         load_scale("azure_conv", 10.0, LoadShape(6.0, 3.0), 0.7, 4.0)
-    assert load_scale("bursty", 60.0, LoadShape(6.0, 1.5), 0.7, 8.0)[1] == pytest.approx(0.8)
+    assert load_scale("bursty", 60.0, LoadShape(6.0, 1.5), 0.7, 6.0) == pytest.approx((6.0, 0.6, 0.15))
+    assert load_scale("bursty", 120.0, LoadShape(6.0, 1.5), 0.7, 6.0) == pytest.approx((6.0, 0.3, 0.075))
 
 
 def test_the_noise_probe_pairs_the_same_requests():

@@ -101,7 +101,7 @@ def test_seed_split(raw_params):
     raw_params["seeds"] = [0, 1, 2, 3, 4]
     raw_params["replay"]["vllm"].update({"seeds": None, "fit_seeds": None, "held_out_seeds": None})
     params = parse_params(raw_params)
-    assert vllm_seed_split(params) == ([0, 1], [2])  # the first three: two fitted on, one held out
+    assert vllm_seed_split(params) == ([0], [1])  # the first two: one fitted on, one held out
     five = parse_params({**raw_params, "replay": {**raw_params["replay"],
                                                    "vllm": {**raw_params["replay"]["vllm"], "seeds": [0, 1, 2, 3]}}})
     assert vllm_seed_split(five) == ([0, 1], [2, 3])  # half fitted on, half held out

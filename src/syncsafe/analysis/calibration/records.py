@@ -252,7 +252,7 @@ def read_vllm_records(params: Params, root: Path, seeds: Iterable[int] | None = 
         records.append(ReplayRecord(
             regime=regime, seed=seed, label=record_label(str(row["path"])), results=read_requests(out),
             schedule=read_schedule(layout.at(root, row["schedule"])), timeline=timelines[regime, seed],
-            time_scale=float(summary.get("time_scale", cfg.time_scale or 1.0)),
+            time_scale=float(summary.get("time_scale", cfg.pinned_time_scale(regime) or 1.0)),
             span_s=_span(summary), slo=SloSpec(**summary["slo"]) if summary.get("slo") else None,
             control=None if control is None else int(control), position=summary.get("position"),
             pressure_applied=bool(summary.get(PRESSURE_APPLIED_KEY, False)),
