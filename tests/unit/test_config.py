@@ -98,7 +98,8 @@ def test_gpu_profile_overlay_is_valid(repo_root, tmp_path, cli):
     assert gpu.profile == "gpu" and gpu.train.islands == 8 and len(gpu.seeds) == 10
     assert gpu.regimes["bursty"].period_s == 120  # untouched keys keep the cpu values
     assert gpu.replay.vllm.budget_s == 3600
-    assert all(gpu.replay.vllm.pinned_time_scale(r) is None for r in gpu.regimes)  # the load is set by capacity
+    assert all(gpu.replay.vllm.pinned_time_scale(r) is None and gpu.replay.vllm.pinned_span_s(r) is None
+               for r in gpu.regimes)  # the load is set by the GPU node's capacity, the span by power
     assert gpu.train.hub.model.startswith("HuggingFaceTB/")
 
 
@@ -234,3 +235,10 @@ def test_params_yaml_spells_the_schema_defaults(repo_root):
     """One source of truth: a key params.yaml spells holds the schema default (no silent drift between them)."""
     raw = yaml.safe_load((repo_root / "params.yaml").read_text())
     assert _spelled_differently(parse_params(raw), raw, "") == []
+
+
+def test_an_overlay_mapping_over_a_single_value_is_a_new_mapping_without_its_nulls():
+    # params.yaml pins one time scale for every regime; an overlay's {bursty: null} must leave no pin, not a null
+    assert merge_patch({"time_scale": 2.5}, {"time_scale": {"bursty": None, "steady": 1.0}}) == \
+        {"time_scale": {"steady": 1.0}}
+    assert merge_patch({"time_scale": {"bursty": 2.5}}, {"time_scale": {"bursty": None}}) == {"time_scale": {}}

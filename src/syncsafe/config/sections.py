@@ -276,7 +276,7 @@ class VllmReplay(Strict):
     #: Seeds the fidelity stage judges the simulator on (never fitted on); null = the other replayed seeds.
     held_out_seeds: list[int] | None = None
     #: Controllers replayed (with their draws) besides analysis.primary.policy, added in this order while
-    #: the budget allows; null = none. Each adds four replays per seed.
+    #: the budget allows; null = none. Each adds 2 + draws replays per seed.
     policies: list[str] | None = Field(default_factory=list)
     #: Span-matched random draws replayed per controller: at most this many, fewer when the budget needs it.
     draws: Annotated[int, Field(ge=1)] = 1
@@ -290,6 +290,7 @@ class VllmReplay(Strict):
     #: pinned and the server profile only checks it (refused when the busiest window would run over
     #: `target_utilisation` of the measured capacity). null (or a regime the mapping leaves out) = set from the
     #: measured capacity, which differs by 2x between machines of one kind: a plan that does not reproduce.
+    #: The default is the cpu profile's pin; an overlay removes a regime's pin with `{regime: null}`.
     time_scale: PerRegimeFloat | None = Field(default_factory=lambda: {"bursty": 2.5})
     #: Share of the measured capacity the busiest window of the no-sync load runs at.
     target_utilisation: Annotated[float, Field(gt=0, le=0.9)] = 0.7

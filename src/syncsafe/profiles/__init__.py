@@ -37,8 +37,8 @@ def merge_patch(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
     for key, value in patch.items():
         if value is None:
             merged.pop(key, None)
-        elif isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = merge_patch(merged[key], value)
+        elif isinstance(value, dict):  # onto a mapping key by key; onto anything else as a new mapping (its nulls gone)
+            merged[key] = merge_patch(merged[key] if isinstance(merged.get(key), dict) else {}, value)
         else:
             merged[key] = copy.deepcopy(value)
     return merged

@@ -238,7 +238,7 @@ def coarse_time_scale(raw: float) -> float:
     """The largest value of the coarse grid (`TIME_SCALE_GRID` x 10^k) at or below `raw`."""
     if not (np.isfinite(raw) and raw > 0):
         raise LoadError(f"no time scale from a capacity of {raw}")
-    decade = 10.0 ** np.floor(np.log10(raw))
+    decade = 10.0 ** np.floor(np.log10(raw * (1 + 1e-9)))  # 0.9999999999 is 1 (a float), not 0.8
     below = [m * decade for m in TIME_SCALE_GRID if m * decade <= raw * (1 + 1e-9)]
     return float(round(below[-1], 10))
 

@@ -16,8 +16,11 @@
   the correlation of requests that queued together. p = (1 + #{resampled spread >= observed})
   / (1 + resamples). A seed with p < `control_alpha` gets one more control;
   tested again with it and still below, it is left out with the reason
-  (its replays are marked invalid, so nothing downstream counts them): the
-  false leave-out rate is at most `control_alpha`
+  (its replays are marked invalid, so nothing downstream counts them). The
+  null is one server throughout: replays differ by per-request and
+  per-block noise (slow spells shorter than a block); a pace that differs
+  between whole replays is the change the test is there to catch. Under
+  that null the false leave-out rate is at most `control_alpha`
   (tests/unit/serving/test_control_noise.py checks it on synthetic
   identical replays, and that a shifted server is caught).
 - **Load met** (`overload_reason`): a no-sync control whose TTFT p95 passes

@@ -140,6 +140,11 @@ def size_from_profile(params: Params, root: Path, budget_s: float | None = None)
         load = measured.loads.get(regime)
         if load is None:
             raise BadInput(f"{layout.VLLM_SERVER_FILE.as_posix()}: no load measured for regime {regime}; {HINT}")
+        if load.time_scale_fixed:  # its capacity is the pinned need, confirmed: a lower bound, not the knee
+            raise BadInput(f"{layout.VLLM_SERVER_FILE.as_posix()}: {regime}'s capacity was only checked at its pinned "
+                           f"time scale {load.time_scale:g} (at least {load.capacity_rps:.3g} requests/s); to size a "
+                           f"pin, profile with replay.vllm.time_scale {{{regime}: null}} (`syncsafe run --redo "
+                           "profile-vllm`), which searches the capacity's knee")
         scale, peak_u, median_u = load_scale(regime, load.capacity_rps, LoadShape(load.peak_rate, load.median_rate),
                                              cfg.target_utilisation, None)
         loads[regime] = load.model_copy(update={"time_scale": scale, "time_scale_fixed": False, "utilisation": peak_u,

@@ -98,8 +98,10 @@ def replay_regime(arm: RealArm, plan: RealPlan, regime: str, items: list[Planned
     for item in items:
         measured.append(arm.replay(item, *inputs[int(item.row["seed"])], regime_plan, utilisation, bound))
         bar.update()
+    decided: dict[int, float | None] = {}  # per seed: the noise test's p that decided (recorded with every replay)
     for seed in regime_plan.seeds:
         test = _control_test(cfg, regime, seed, measured)
+        decided[seed] = _p_of(test)
         if test is None or not test.disagree(cfg.control_alpha):
             continue
         tqdm.write(f"replay vllm: {regime} seed {seed}: {test.describe()} < control_alpha {cfg.control_alpha:g}; "
@@ -111,28 +113,25 @@ def replay_regime(arm: RealArm, plan: RealPlan, regime: str, items: list[Planned
         measured.append(arm.replay(extra, *inputs[seed], regime_plan, utilisation, bound))
         bar.update()
         test = _control_test(cfg, regime, seed, measured)
+        decided[seed] = _p_of(test)
         if test is not None and test.disagree(cfg.control_alpha):
             why = (f"noise floor: seed {seed} left out, its {test.describe()} < control_alpha "
                    f"{cfg.control_alpha:g}: the server changed beyond its sampling noise")
             tqdm.write(f"replay vllm: {regime} {why}")
             measured = [m.invalid(why) if m.seed == seed else m for m in measured]
-    return measured
+    return [Measured(m.item, m.results, {**m.extra, "control_p": decided.get(m.seed)}) for m in measured]
 
 
 def _control_test(cfg, regime: str, seed: int, measured: list[Measured]) -> ControlTest | None:
-    """The noise test of the seed's valid no-sync controls."""
+    """The noise test of the seed's valid no-sync controls, seeded per regime, seed and control count."""
     valid = [m.results for m in measured if m.seed == seed and m.item.control is not None and m.extra["valid"]]
-    return _noise_test(cfg, regime, seed, valid)
-
-
-def _noise_test(cfg, regime: str, seed: int, controls: list[pd.DataFrame]) -> ControlTest | None:
-    """`controls_disagree`, seeded per regime, seed and control count."""
-    return controls_disagree(controls, cfg.bootstrap_resamples, (seed, len(controls), *regime.encode()))
+    return controls_disagree(valid, cfg.bootstrap_resamples, (seed, len(valid), *regime.encode()))
 
 
 def write_regime(params: Params, root: Path, measured: list[Measured]) -> list[dict]:
     """Write every replay of a regime with its seed's SLO pooled from its valid controls (all its controls
-    when none is valid), its bootstrap intervals and those controls' spread; their index rows, in order."""
+    when none is valid), its bootstrap intervals and those controls' spread (the noise test's p that decided
+    comes with each replay: `control_p`); their index rows, in order."""
     cfg = params.replay.vllm
     per_seed = {}
     for seed in dict.fromkeys(m.seed for m in measured):  # once per seed: SLO, spread, valid controls
@@ -140,9 +139,7 @@ def write_regime(params: Params, root: Path, measured: list[Measured]) -> list[d
         valid = [c.results for c in controls if c.extra["valid"]]
         pooled = valid or [c.results for c in controls]
         per_seed[seed] = (pooled_slo(params, pooled),
-                          {"slo_controls": len(valid), "control_spread": control_spread(pooled),
-                           "control_p": _p_of(_noise_test(cfg, str(controls[0].item.row["regime"]), seed,
-                                                          pooled))})
+                          {"slo_controls": len(valid), "control_spread": control_spread(pooled)})
     rows = []
     for m in measured:
         slo, seed_fields = per_seed[m.seed]

@@ -155,9 +155,13 @@ def test_real_arm_plan_sizes_what_to_pin_from_a_profile_and_a_budget(project):
     from syncsafe.serving.real_plan import pinned_params, size_from_profile
 
     root, params = project
-    loads = {r: measured_load(params, root, r, 40.0) for r in vllm_regimes(params)}
-    write_profile(root, MeasuredServer(model="models/m", loads=loads, placement=PLACEMENT))
+    checked = {r: measured_load(params, root, r, 40.0) for r in vllm_regimes(params)}  # the tiny pin, checked
+    write_profile(root, MeasuredServer(model="models/m", loads=checked, placement=PLACEMENT))
     try:
+        with pytest.raises(BadInput, match=r"capacity was only checked at its pinned time scale 2 .*bursty: null"):
+            size_from_profile(params, root, budget_s=600.0)
+        loads = {r: load.model_copy(update={"time_scale_fixed": False}) for r, load in checked.items()}  # searched
+        write_profile(root, MeasuredServer(model="models/m", loads=loads, placement=PLACEMENT))
         plan = size_from_profile(params, root, budget_s=600.0)
         load = loads["bursty"]
         holds = holdable_time_scale(40.0, load_shape_of(load), 0.7)
