@@ -205,13 +205,16 @@ def _repo_params() -> dict:
 def test_run_params_merge_the_selection_and_narrow_the_vllm_subset(tmp_path: Path) -> None:
     selection = {"profile": "cpu", "regimes": ["bursty"], "seeds": [0], "policies": ["fixed_h", "wa_diloco"],
                  "random_draws": 2, "vllm": False, "overrides": {"train": {"eval_batches": 2}}}
-    raw = sup.merge_run_params(_repo_params(), selection)
+    base = _repo_params()
+    base["replay"]["vllm"]["draws"] = 3  # more real draws than the run's random draws: narrowed to them
+    raw = sup.merge_run_params(copy.deepcopy(base), selection)
     p = parse_params(raw)
     assert list(p.regimes) == ["bursty"] and p.regimes["bursty"].duration_s == 600
     assert p.seeds == [0] and p.control.policies == ["fixed_h", "wa_diloco"]
     assert p.schedules.random_draws == 2 and p.train.eval_batches == 2 and not p.replay.vllm.enabled
     # the vLLM subset follows the run's choices instead of failing validation
-    assert p.replay.vllm.regimes == ["bursty"] and p.replay.vllm.draws == 2
+    assert p.replay.vllm.regimes == ["bursty"]
+    assert p.replay.vllm.draws == 2
     assert p.replay.vllm.policies is None or set(p.replay.vllm.policies) <= {"fixed_h", "wa_diloco"}
     # an explicit override wins over the narrowing; the pipeline's schema has the last word
     bad = sup.merge_run_params(_repo_params(), {"overrides": {"control": {"min_h": 90}}})

@@ -9,6 +9,7 @@ secret is on a command line or in a log, and a process session's members.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import stat
@@ -117,14 +118,33 @@ def successful_nightly(layout: stack.Layout, label: str) -> Nightly:
     return run
 
 
-def _failed_logs(layout: stack.Layout, run: Nightly, chars: int = 2500) -> str:
-    """The end of each failed task's log (the state folder is removed when the test ends)."""
+def _failed_logs(layout: stack.Layout, run: Nightly, lines: int = 40) -> str:
+    """What each failed task's stage process printed, its last `lines` lines (the state folder is removed when the
+    test ends). Airflow 3 writes its task logs as JSON lines; the stage's own output is the events of the bash
+    operator's subprocess logger, which Airflow's traceback at the end of the log would otherwise push out of view."""
     out = []
     for t in run.tis:
         if t["state"] == "failed":
             for log in sorted((layout.airflow_home / "logs").rglob(f"task_id={t['task_id']}/**/*.log")):
-                out.append(f"--- {log.relative_to(layout.airflow_home)}\n{log.read_text(errors='replace')[-chars:]}")
+                printed = _stage_output(log.read_text(errors="replace"))
+                out.append(f"--- {log.relative_to(layout.airflow_home)}\n" + "\n".join(printed[-lines:]))
     return "\n".join(out) or f"(no failed task's log under {layout.airflow_home / 'logs'})"
+
+
+def _stage_output(text: str) -> list[str]:
+    """The subprocess's lines of one Airflow task log (every line as it is where the log is not JSON)."""
+    events: list[tuple[str, str]] = []
+    for line in text.splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            event = None
+        if isinstance(event, dict):
+            events.append((str(event.get("logger", "")), str(event.get("event", ""))))
+        else:
+            events.append(("subprocess", line))
+    printed = [e for logger, e in events if "subprocess" in logger.lower()]
+    return printed or [e for _, e in events]
 
 
 def run_tiny_nightly(client, label: str, timeout_s: float = 1500) -> Nightly:
