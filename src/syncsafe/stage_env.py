@@ -12,8 +12,10 @@ DAGs (`dags/syncsafe_dag_support.py`) starts through this launcher:
 which replaces itself (`execvpe`) with PROGRAM under `stage_environment()`
 of its own environment: the names a stage needs (the tracking URI and the
 stage's own MLflow credentials, the project's `SYNCSAFE_*` settings, DVC's,
-git's, the accelerator's and the thread libraries', locale, proxies and
-the basics a process expects) and nothing else. A name that says it holds a
+git's, the accelerator's and the thread libraries', locale and the basics a
+process expects) and nothing else. Proxies are not handed on: a stage talks
+only to the project's own services (loopback or fleet addresses), which a
+proxy would intercept, and never needs the network beyond them. A name that says it holds a
 secret (`*PASSWORD*`, `*SECRET*`, `*FERNET*`, ...) is dropped even under an
 allowed prefix, unless it is one of the stage's own credentials named in
 `OWN_CREDENTIALS`. Because it is an exec, `/proc/<pid>/environ` of the running
@@ -32,7 +34,6 @@ ALLOWED_NAMES = frozenset({
     "PATH", "HOME", "USER", "LOGNAME", "SHELL", "PWD", "HOSTNAME", "LANG", "LANGUAGE", "TZ", "TERM",
     "TMPDIR", "TMP", "TEMP", "VIRTUAL_ENV", "LD_LIBRARY_PATH", "LD_PRELOAD",
     "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE",
-    "http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY",
     "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING",
 })  # fmt: skip
 #: Prefixes of the names a stage may inherit: the project's settings, DVC, git (a study commits experiments),

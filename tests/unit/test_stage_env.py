@@ -13,7 +13,9 @@ def test_the_stage_keeps_what_it_needs_and_loses_every_orchestrator_secret():
         "PATH": "/bin", "HOME": "/root", "LC_ALL": "C.UTF-8", "MLFLOW_TRACKING_URI": "http://127.0.0.1:5000",
         "MLFLOW_TRACKING_USERNAME": "stage", "MLFLOW_TRACKING_PASSWORD": "its-own", "HF_TOKEN": "hub",
         "SYNCSAFE_REPO": "/repo", "DVC_NO_ANALYTICS": "1", "GIT_AUTHOR_NAME": "ci", "OMP_NUM_THREADS": "1",
-        "CUDA_VISIBLE_DEVICES": "0", "no_proxy": "127.0.0.1",
+        "CUDA_VISIBLE_DEVICES": "0",
+        # a proxy would intercept the stage's traffic to the project's own services
+        "http_proxy": "http://proxy:3128", "HTTPS_PROXY": "http://proxy:3128", "no_proxy": "127.0.0.1",
         # the worker's: never the stage's
         "AIRFLOW__CORE__FERNET_KEY": "f", "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": "postgresql://a:pw@h/db",
         "AIRFLOW__CELERY__BROKER_URL": "redis://:pw@h/0", "AIRFLOW_HOME": "/af", "PGPASSWORD": "pw",
@@ -25,7 +27,7 @@ def test_the_stage_keeps_what_it_needs_and_loses_every_orchestrator_secret():
     kept = stage_environment(worker)
     assert set(kept) == {"PATH", "HOME", "LC_ALL", "MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME",
                          "MLFLOW_TRACKING_PASSWORD", "HF_TOKEN", "SYNCSAFE_REPO", "DVC_NO_ANALYTICS",
-                         "GIT_AUTHOR_NAME", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "no_proxy"}
+                         "GIT_AUTHOR_NAME", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES"}
     assert all(kept[k] == worker[k] for k in kept)
 
 

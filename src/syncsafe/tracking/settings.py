@@ -15,6 +15,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from syncsafe import localhttp
 from syncsafe.procs import redact
 
 DEFAULT_EXPERIMENT = "syncsafe"
@@ -75,9 +76,12 @@ def experiment_name() -> str:
 
 
 def tracking_uri(root: str | os.PathLike[str] = ".") -> str:
-    """``MLFLOW_TRACKING_URI`` if set, else the SQLite file ``<root>/mlflow.db`` (absolute)."""
+    """``MLFLOW_TRACKING_URI`` if set, else the SQLite file ``<root>/mlflow.db`` (absolute). A tracking server's
+    host is reached directly, never through a configured proxy (`localhttp.bypass_proxy`): every MLflow client
+    of the project takes its URI from here."""
     env = os.environ.get("MLFLOW_TRACKING_URI", "").strip()
     if env:
+        localhttp.bypass_proxy(env)
         return env
     return "sqlite:///" + str(Path(root).resolve() / DB_NAME)
 
@@ -108,7 +112,9 @@ def artifact_location(uri: str, root: str | os.PathLike[str] = ".", experiment: 
 
 
 def preflight(uri: str) -> None:
-    """Fail fast on a SQLite file that cannot be opened (MLflow would retry for ~100 s)."""
+    """Fail fast on a SQLite file that cannot be opened (MLflow would retry for ~100 s); a tracking server given
+    by URL is reached directly, never through a configured proxy."""
+    localhttp.bypass_proxy(uri)
     db = sqlite_path(uri)
     if db is None:
         return
