@@ -31,11 +31,21 @@ def test_the_database_users_group_may_enter_and_nobody_else(tmp_path):
     assert _mode(root) == 0o750 and root.stat().st_gid == os.getgid() + 4242
 
 
-def test_an_empty_folder_is_taken_over(tmp_path):
+def test_an_empty_private_folder_is_taken_over(tmp_path):
     root = tmp_path / "empty"
-    root.mkdir(mode=0o755)
+    root.mkdir(mode=0o700)  # what mktemp -d makes
     own_state_folder(root, os.getgid())
     assert _mode(root) == 0o700 and (root / MARKER).is_file()
+
+
+@pytest.mark.parametrize("mode", [0o1777, 0o755, 0o2770])
+def test_an_empty_folder_others_may_use_is_refused_and_keeps_its_mode(tmp_path, mode):
+    shared = tmp_path / "drop"
+    shared.mkdir()
+    os.chmod(shared, mode)
+    with pytest.raises(TeamError, match=rf"drop is an empty folder others may use \(mode {mode:04o}.*name a new folder"):
+        own_state_folder(shared, os.getgid())
+    assert _mode(shared) == mode and not list(shared.iterdir())
 
 
 @pytest.mark.parametrize("mode", [0o1777, 0o700])

@@ -182,12 +182,18 @@ def own_state_folder(root: Path, service_gid: int) -> None:
     """Make `root` the setup's state folder, or refuse one that `team up` did not make.
 
     A new folder is made 0700 (0750 with group `service_gid` when that is not this process's group: PostgreSQL's
-    own user must reach its cluster inside it); so is an empty one, taken over. A folder holding anything
-    but no marker (`/tmp`, a home, a checkout) is refused, never re-moded."""
+    own user must reach its cluster inside it); so is an empty private one (this user's, nothing for others: what
+    `mktemp -d` makes), taken over. A folder holding anything but no marker (`/tmp`, a home, a checkout) and an
+    empty one others may use (a sticky 1777 drop folder, a 0755 one) are refused, never re-moded."""
     if root.exists() and not (root / MARKER).is_file() and not (root / STATE).is_file():  # STATE: an older up's
         if not root.is_dir() or any(root.iterdir()):
             raise TeamError(f"{root} exists and was not made by `team up` (no {MARKER} in it): name a new or "
                             "empty folder for --dir / SYNCSAFE_TEAM_DIR; team up makes it, mode 0700")
+        info = root.stat()
+        if info.st_uid != os.getuid() or info.st_mode & 0o7007:
+            raise TeamError(f"{root} is an empty folder others may use (mode {info.st_mode & 0o7777:04o}, owner uid "
+                            f"{info.st_uid}): team up would make it private; name a new folder for --dir / "
+                            "SYNCSAFE_TEAM_DIR (team up makes it, mode 0700) or an empty one of yours, mode 0700")
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
     if not (root / MARKER).is_file():
         if service_gid != os.getgid():
