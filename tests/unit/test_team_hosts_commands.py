@@ -15,6 +15,7 @@ from syncsafe.team import airflow as af
 from syncsafe.team import hostname, postgres, stack
 from syncsafe.team.daemons import TeamError
 from syncsafe.team.netns_call import call_in
+from syncsafe.errors import BadInput
 from syncsafe.team.placement import SERVICES, Placement, fleet_placement
 
 A, B, C = "10.77.0.1", "10.77.0.2", "10.77.0.3"
@@ -131,8 +132,26 @@ def test_placement_round_trips_through_team_json_and_bad_ones_say_so() -> None:
         Placement.from_json({"name": "sstm", "hosts": ["A!"], "subnet": "10.77.0.0/24"})
     with pytest.raises(TeamError, match="no placement for process 'vllm'"):
         TWO.host("vllm")
-    with pytest.raises(TeamError, match="--fleet sstm --hosts 9"):
+    with pytest.raises(BadInput, match="--fleet sstm --hosts 9"):
         fleet_placement("sstm", 9)
+
+
+@pytest.mark.parametrize("args, named", [
+    (["up", "--fleet", "sstm", "--hosts", "0"], "--fleet sstm --hosts 0"),
+    (["trigger", "syncsafe_nightly", "--wait", "--timeout-s", "0"], "--timeout-s: expected a positive number"),
+    (["trigger", "syncsafe_nightly", "--timeout-s", "-5"], "--timeout-s: expected a positive number"),
+    (["trigger", "syncsafe_nightly", "--timeout-s", "nan"], "--timeout-s: expected a positive number"),
+])
+def test_bad_team_options_are_one_line_and_exit_2_before_anything_starts(tmp_path: Path, args, named) -> None:
+    from typer.testing import CliRunner
+
+    from syncsafe.team.__main__ import app
+
+    state = tmp_path / "team"
+    result = CliRunner().invoke(app, [*args, "--dir", str(state)])
+    assert result.exit_code == 2, result.output
+    assert result.output.count("\n") == 1 and result.output.startswith("error: ") and named in result.output
+    assert not state.exists()  # refused before the state folder was made or a service asked
 
 
 def test_postgres_on_a_fleet_host_lets_in_the_fleet_hosts_only(tmp_path: Path,

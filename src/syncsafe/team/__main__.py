@@ -3,7 +3,8 @@ or spread over the hosts of a fleet (``up --fleet NAME --hosts N``, see :mod:`sy
 
 Exit codes: 0 done; 1 a part failed to start or stop (one line, then the
 failing part's log tail), or ``down`` left a process or port behind; 2 bad
-input (a ``--conf`` that is not a JSON object).
+input, one line naming the option (a ``--conf`` that is not a JSON object, a
+``--timeout-s`` that is not a positive number, a fleet of no hosts).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from syncsafe.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated
+from syncsafe.errors import EXIT_BAD_INPUT, EXIT_FAILED, BadInput, EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated
 from syncsafe.procs import sigterm_raises
 from syncsafe.team import stack
 from syncsafe.team.daemons import TeamError
@@ -23,6 +24,12 @@ from syncsafe.team.placement import Placement, fleet_placement
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 DirOpt = Annotated[Optional[Path], typer.Option("--dir", help="state folder (default $SYNCSAFE_TEAM_DIR, else .team/)")]
+
+
+def _bad_input(message: str) -> None:
+    """One line naming the option and what it expects; exit 2."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(EXIT_BAD_INPUT)
 
 
 def _fail(err: Exception) -> None:
@@ -48,6 +55,9 @@ def up(
     layout = stack.Layout.at(dir)
     try:
         where = fleet_placement(fleet, hosts, subnet) if fleet else Placement.single()
+    except BadInput as err:
+        _bad_input(str(err))
+    try:
         with sigterm_raises():  # stopped while starting: what it started goes down (stack.up)
             stack.up(layout, scheduled=scheduled, preferred_ports=not free_ports, extra_env=extra, where=where)
     except TeamError as err:
@@ -120,8 +130,9 @@ def trigger(
     except json.JSONDecodeError as err:
         params = err
     if not isinstance(params, dict):
-        typer.echo(f"error: --conf: expected a JSON object, got {conf!r}", err=True)
-        raise typer.Exit(EXIT_BAD_INPUT)
+        _bad_input(f"--conf: expected a JSON object, got {conf!r}")
+    if not timeout_s > 0:  # NaN too
+        _bad_input(f"--timeout-s: expected a positive number of seconds, got {timeout_s:g}")
     try:
         client = stack.client(stack.Layout.at(dir))
         client.wait_for_dag(dag_id)

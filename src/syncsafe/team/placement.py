@@ -141,13 +141,14 @@ class Placement:
 
 
 def fleet_placement(name: str, hosts: int, subnet: str | None = None) -> Placement:
-    """The placement across fleet ``name`` of ``hosts`` hosts (a, b, ...); bad input is a TeamError."""
+    """The placement across fleet ``name`` of ``hosts`` hosts (a, b, ...); bad input is a BadInput naming the
+    options."""
     from syncsafe.fleet.hosts import DEFAULT_SUBNET
 
     try:
         return Placement.across(Fleet.of(hosts, name=name, subnet=subnet or DEFAULT_SUBNET))
     except BadInput as err:
-        raise TeamError(f"--fleet {name} --hosts {hosts}: {err}") from None
+        raise BadInput(f"--fleet {name} --hosts {hosts}: {err}") from None
 
 
 def check_fleet(placement: Placement) -> None:
