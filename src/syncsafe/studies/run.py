@@ -31,6 +31,7 @@ from syncsafe.artifacts.layout import study_dir, study_log_dir
 from syncsafe.errors import BadInput
 from syncsafe.io import write_json, write_text
 from syncsafe.procs import output_lines, sigterm_raises, stop_process_groups, stop_processes
+from syncsafe.studies.replaced import RefError, experiment_ref_names, replacing
 from syncsafe.studies.spec import Point, Study
 from syncsafe.timebase import now
 from syncsafe.tracking.settings import PIPELINE_RUN_ID_ENV, tracking_uri
@@ -85,15 +86,10 @@ def _checked(done: subprocess.CompletedProcess[str], what: str) -> str:
 
 def experiment_refs(root: Path) -> dict[str, str]:
     """Every DVC experiment of the repository: name -> commit (from the `refs/exps` git refs)."""
-    done = subprocess.run(["git", "for-each-ref", "refs/exps", "--format=%(refname) %(objectname)"], cwd=root,
-                          capture_output=True, text=True)
-    _checked(done, "git for-each-ref refs/exps")
-    refs = {}
-    for line in done.stdout.splitlines():
-        ref, _, sha = line.partition(" ")
-        if ref.count("/") >= 4:  # refs/exps/<baseline[:2]>/<baseline[2:]>/<name>
-            refs[ref.rsplit("/", 1)[1]] = sha
-    return refs
+    try:
+        return {name: sha for name, (_, sha) in experiment_ref_names(root).items()}
+    except RefError as err:
+        raise StudyFailed(str(err)) from None
 
 
 def untracked_code(root: Path) -> list[str]:
@@ -123,15 +119,12 @@ def study_overrides(study: Study) -> list[dict]:
     return [study.overrides(p) for p in study.points]
 
 
-def _prepare(root: Path, study: Study, names: list[str], env: dict[str, str], echo: Callable[[str], None]) -> None:
+def _refuse_untracked(root: Path) -> None:
+    """A study needs every source file in git: an experiment's copy holds only what git or DVC tracks."""
     missing = untracked_code(root)
     if missing:
         raise BadInput(f"untracked files an experiment copy would lack: {', '.join(missing[:8])}"
                        f"{' ...' if len(missing) > 8 else ''}; `git add` them first")
-    old = sorted(set(names) & set(experiment_refs(root)))
-    if old:
-        echo(f"replacing {len(old)} earlier experiment(s) of study {study.name}: {', '.join(old)}")
-        _checked(dvc(root, "exp", "remove", *old, env=env), "dvc exp remove")
 
 
 def _record(root: Path, study: Study, point: Point, text: str, ok: bool) -> PointRun:
@@ -148,13 +141,15 @@ def run_point(root: Path, study: Study, point: Point, *, echo: Callable[[str], N
     """One point in the foreground (`dvc exp run --temp`): what the study DAG's mapped tasks run."""
     env = study_env(root, study.name)
     name = study.experiment(point)
-    _prepare(root, study, [name], env, echo)
+    _refuse_untracked(root)
     command = [sys.executable, "-m", "dvc", "exp", "run", "--temp", "--name", name, *study.param_args(point)]
-    with sigterm_raises():  # an orchestrator stops a task with SIGTERM: the experiment stops with it
-        text = _stream(command, root, env, echo)
-    record = _record(root, study, point, text, ok=name in experiment_refs(root))
-    if not record.ok:
-        raise StudyFailed(f"study {study.name}: point {point.name} did not finish; see {study_log_dir(root, study.name)}/")
+    with replacing(root, [name], echo):  # an earlier run of the point is kept unless this one finishes
+        with sigterm_raises():  # an orchestrator stops a task with SIGTERM: the experiment stops with it
+            text = _stream(command, root, env, echo)
+        record = _record(root, study, point, text, ok=name in experiment_refs(root))
+        if not record.ok:
+            raise StudyFailed(f"study {study.name}: point {point.name} did not finish; "
+                              f"see {study_log_dir(root, study.name)}/")
     return record
 
 
@@ -162,10 +157,15 @@ def run_study(root: Path, study: Study, *, echo: Callable[[str], None] = print) 
     """Queue every point of `study`, run the queue one experiment at a time, and record each point."""
     env = study_env(root, study.name)
     names = [study.experiment(p) for p in study.distinct()]
-    _prepare(root, study, names, env, echo)
+    _refuse_untracked(root)
     dvc(root, "queue", "remove", *names, env=env)  # queued entries of an interrupted run, if any
-    for command in queue_commands(study):
-        _checked(dvc(root, *command[1:], env=env), " ".join(command[:6]))
+    try:  # the earlier experiments are removed only once every point is queued (the points were validated)
+        with replacing(root, names, echo):
+            for command in queue_commands(study):
+                _checked(dvc(root, *command[1:], env=env), " ".join(command[:6]))
+    except BaseException:
+        dvc(root, "queue", "remove", *names, env=env)  # none of this run's points stays queued
+        raise
     echo(f"queued {len(names)} point(s) of study {study.name}; running them one at a time")
     started = now()
     try:
