@@ -1,8 +1,8 @@
 """syncsafe_study: one study (``studies/<name>.yaml``), one mapped task per point, then its report.
 
 ```
-cpu_points ─► run_cpu_point[i] ─► run_gpu_point[j] ─► report
-gpu_points ──────────────────────────────┘
+cpu_points ─► run_cpu_point[i] ─┐
+gpu_points ─► run_gpu_point[j] ─┴─► report
 ```
 
 - ``cpu_points`` / ``gpu_points`` list the study's points in the pipeline
@@ -13,10 +13,13 @@ gpu_points ───────────────────────
   mapping): each runs ``syncsafe study point <study> <point>``, one DVC
   experiment in a temporary copy of ``SYNCSAFE_REPO`` (``dvc exp run --temp``),
   whose stages DVC restores from its run cache when the point does not change
-  them. ``SYNCSAFE_STUDY_CONCURRENCY`` (default 1) bounds how many points of a
-  DAG run go at once: ``max_active_tis_per_dagrun`` bounds each mapped task,
-  and the GPU points start once the CPU points are done (never side by side);
-  the GPU ones also take a slot of the GPU pool.
+  them. Every point, CPU or GPU, takes a slot of one pool,
+  ``SYNCSAFE_STUDY_POOL`` (default ``syncsafe_study``; ``team up`` makes it
+  with ``SYNCSAFE_STUDY_CONCURRENCY`` slots, default 1): the pool, not the
+  order of the tasks, bounds how many points use the checkout at once, so a
+  failed CPU point never keeps the GPU points from running. The GPU points
+  still go to the GPU queue (and executor); a task has one pool, so they take
+  the study's instead of the ``gpu`` pool.
 - ``report`` judges the points as one family (``syncsafe study report``):
   ``reports/studies/<study>/`` in the checkout and one MLflow run per point in
   the experiment ``study-<study>``.
@@ -43,6 +46,8 @@ from syncsafe_dag_support import TAGS_BASE, default_args, gpu_task_kwargs  # noq
 DAG_ID = "syncsafe_study"
 #: Points of one DAG run that run at once (each is a whole pipeline in a temporary copy).
 CONCURRENCY = int(os.environ.get("SYNCSAFE_STUDY_CONCURRENCY", "1"))
+#: The pool every point of every study run takes a slot of, CPU and GPU points together.
+STUDY_POOL = os.environ.get("SYNCSAFE_STUDY_POOL", "syncsafe_study")
 
 
 def _run(ctx: dict, *args: str) -> str:
@@ -97,31 +102,30 @@ def syncsafe_study():
     def gpu_points() -> list[str]:
         return _points(trains=True)
 
-    @task.bash(max_active_tis_per_dagrun=CONCURRENCY)
+    @task.bash(max_active_tis_per_dagrun=CONCURRENCY, pool=STUDY_POOL)
     def run_cpu_point(point: str) -> str:
         from airflow.sdk import get_current_context
 
         ctx = get_current_context()
         return _run(ctx, "point", ctx["params"]["study"], point)
 
-    # after every CPU point (none_failed: also when there were none): the bound above is per task, so the two
-    # mapped tasks never run side by side and no more than CONCURRENCY points use the checkout at once
-    @task.bash(max_active_tis_per_dagrun=CONCURRENCY, trigger_rule="none_failed", **gpu_task_kwargs())
+    @task.bash(max_active_tis_per_dagrun=CONCURRENCY, **{**gpu_task_kwargs(), "pool": STUDY_POOL})
     def run_gpu_point(point: str) -> str:
         from airflow.sdk import get_current_context
 
         ctx = get_current_context()
         return _run(ctx, "point", ctx["params"]["study"], point)
 
-    @task.bash(trigger_rule="none_failed")
+    # once every point has ended, failed ones included: the report judges the points that finished (a failed
+    # point has already failed the run)
+    @task.bash(trigger_rule="all_done")
     def report() -> str:
         from airflow.sdk import get_current_context
 
         ctx = get_current_context()
         return _run(ctx, "report", ctx["params"]["study"])
 
-    cpu, gpu = run_cpu_point.expand(point=cpu_points()), run_gpu_point.expand(point=gpu_points())
-    cpu >> gpu >> report()
+    [run_cpu_point.expand(point=cpu_points()), run_gpu_point.expand(point=gpu_points())] >> report()
 
 
 syncsafe_study()

@@ -162,14 +162,17 @@ def test_the_study_dag_maps_points_to_cpu_and_gpu_tasks_before_its_report(tmp_pa
     study = _inspect(tmp_path)["dags"]["syncsafe_study"]
     tasks = study["tasks"]
     assert set(tasks) == {"cpu_points", "gpu_points", "run_cpu_point", "run_gpu_point", "report"}
-    # the GPU points after the CPU points: a concurrency of 1 is one point at a time across both
+    # one pool bounds the CPU and GPU points together; neither waits on the other, so a failed CPU point
+    # cannot keep the GPU points from running; the report comes once every point has ended
     assert tasks["run_cpu_point"]["upstream"] == ["cpu_points"]
-    assert set(tasks["run_gpu_point"]["upstream"]) == {"gpu_points", "run_cpu_point"}
-    assert tasks["run_gpu_point"]["trigger_rule"] == "none_failed"
-    assert (tasks["run_gpu_point"]["queue"], tasks["run_gpu_point"]["pool"]) == ("gpu", "gpu")
-    assert tasks["run_cpu_point"]["pool"] == "default_pool"
-    assert set(tasks["report"]["upstream"]) == {"run_gpu_point"}
+    assert tasks["run_gpu_point"]["upstream"] == ["gpu_points"]
+    assert tasks["run_cpu_point"]["pool"] == tasks["run_gpu_point"]["pool"] == "syncsafe_study"
+    assert tasks["run_gpu_point"]["queue"] == "gpu" and tasks["run_cpu_point"]["queue"] != "gpu"
+    assert set(tasks["report"]["upstream"]) == {"run_cpu_point", "run_gpu_point"}
+    assert tasks["report"]["trigger_rule"] == "all_done"
     assert {"study", "full"} <= set(study["params"])
+    other = _inspect(tmp_path / "other", SYNCSAFE_STUDY_POOL="studies")["dags"]["syncsafe_study"]["tasks"]
+    assert other["run_cpu_point"]["pool"] == other["run_gpu_point"]["pool"] == "studies"
 
 
 def test_gpu_tasks_follow_the_routing_environment(tmp_path: Path) -> None:

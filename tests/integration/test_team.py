@@ -105,6 +105,13 @@ def test_nightly_runs_train_on_the_gpu_worker(nightly) -> None:
     assert others and all(t["hostname"].startswith("cpu@") and t["queue"] == "default" for t in others), others
 
 
+def test_the_gpu_and_study_pools_are_made_with_their_slots(team: stack.Layout) -> None:
+    client = stack.client(team)
+    assert client.pool_slots("gpu") == 1
+    assert client.pool_slots("syncsafe_study") == 1  # SYNCSAFE_STUDY_CONCURRENCY's default
+    assert client.pool_slots("no_such_pool") is None
+
+
 def test_every_stage_run_reached_the_mlflow_server(team: stack.Layout, nightly) -> None:
     check_stage_runs(stack.urls(stack.load(team))["mlflow"], nightly)
 

@@ -40,6 +40,20 @@ ADMIN = "admin"
 #: The Celery workers: name -> (queues, concurrency).
 WORKERS = {"cpu": ("default", 2), "gpu": ("gpu", 1)}
 GPU_POOL = "gpu"
+#: The pool of the study DAG's points (dags/syncsafe_study.py), CPU and GPU together.
+STUDY_POOL = "syncsafe_study"
+
+
+def study_slots(environ: Mapping[str, str]) -> int:
+    """The study pool's slots: ``SYNCSAFE_STUDY_CONCURRENCY`` (points of a study run at once), 1 unless set."""
+    raw = environ.get("SYNCSAFE_STUDY_CONCURRENCY", "1")
+    try:
+        slots = int(raw)
+    except ValueError:
+        slots = 0
+    if slots < 1:
+        raise TeamError(f"SYNCSAFE_STUDY_CONCURRENCY: expected a whole number of points >= 1, got {raw!r}")
+    return slots
 
 
 def airflow_env(
@@ -91,6 +105,7 @@ def airflow_env(
         "SYNCSAFE_TRACKING_STRICT": "1",
         "SYNCSAFE_GPU_QUEUE": "gpu",
         "SYNCSAFE_GPU_POOL": GPU_POOL,
+        "SYNCSAFE_STUDY_POOL": STUDY_POOL,
         "SYNCSAFE_NIGHTLY_PROFILE": "cpu",
         **extra,
     }
@@ -170,6 +185,15 @@ class AirflowClient:
                 return found
             time.sleep(2)
         raise TeamError(f"DAG {dag_id!r} not parsed after {timeout_s:.0f} s (see the dag-processor's log)")
+
+    def pool_slots(self, pool: str) -> int | None:
+        """A pool's slots, None when there is no such pool."""
+        try:
+            return int(self._request("GET", f"/api/v2/pools/{urllib.parse.quote(pool, safe='')}")["slots"])
+        except TeamError as err:
+            if "404" in str(err):
+                return None
+            raise
 
     def unpause(self, dag_id: str) -> None:
         self._request("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})

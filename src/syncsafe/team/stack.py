@@ -277,6 +277,9 @@ def _start_all(layout: Layout, state: dict[str, Any], redis: str, timeout_s: flo
     _airflow_cli(layout, aenv, ["db", "migrate"], timeout_s, where)
     _airflow_cli(layout, aenv, ["pools", "set", af.GPU_POOL, "1", "GPU nodes for syncsafe train and replay_vllm"],
                  timeout_s, where)
+    study_pool = aenv.get("SYNCSAFE_STUDY_POOL", af.STUDY_POOL)
+    _airflow_cli(layout, aenv, ["pools", "set", study_pool, str(af.study_slots(aenv)),
+                                "points of syncsafe_study runs, CPU and GPU together"], timeout_s, where)
     for name in ORDER[2:]:
         worker = name.removeprefix("airflow-worker-")
         started(name, cmds[name], af.worker_env(aenv, worker, layout.repo / "src") if worker in af.WORKERS else aenv)
