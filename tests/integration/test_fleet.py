@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -119,3 +120,51 @@ def test_merges_between_hosts_take_the_time_the_link_rate_gives_them():
         else:
             with pytest.raises(netns.FleetError, match="needs the netem qdisc"):
                 links.shape(fleet, "b", links.Shape(delay_ms=20))
+
+
+def _namespaces() -> set[str]:
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return {line.split()[0] for line in listed.splitlines() if line.strip()}
+
+
+def test_the_netem_probe_uses_its_own_namespace_and_removes_it_on_every_exit_path(monkeypatch):
+    require_namespaces()
+    probe = links.has_netem.__wrapped__  # uncached: each call probes
+    bystander = f"{links.PROBE_PREFIX}1-bystander"  # a probe-looking namespace of a live process (pid 1)
+    subprocess.run(["ip", "netns", "add", bystander], check=True)
+    try:
+        before = _namespaces()
+        seen: list[str] = []
+        real_run = subprocess.run
+
+        def watch(args, *a, **kw):  # the names the probe adds, and whatever it ran
+            if list(args[:3]) == ["ip", "netns", "add"]:
+                seen.append(args[3])
+            return real_run(args, *a, **kw)
+
+        monkeypatch.setattr(links.subprocess, "run", watch)
+        assert isinstance(probe(), bool) and isinstance(probe(), bool)  # returned normally, twice
+        assert len(seen) == 2 and seen[0] != seen[1]  # unique per probe, even in one process
+        assert all(n.startswith(f"{links.PROBE_PREFIX}{os.getpid()}-") for n in seen)
+        assert _namespaces() == before
+
+        def interrupted(args, *a, **kw):  # stopped in the middle: after its namespace was made
+            if "tc" in args:
+                raise KeyboardInterrupt
+            return watch(args, *a, **kw)
+
+        monkeypatch.setattr(links.subprocess, "run", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            probe()
+        assert len(seen) == 3 and _namespaces() == before
+        monkeypatch.setattr(links.subprocess, "run", real_run)
+
+        # killed outright (SIGKILL: no finally): its namespace names a pid that is gone; the next probe reaps it
+        dead = subprocess.Popen([sys.executable, "-c", "pass"])
+        dead.wait()
+        left = f"{links.PROBE_PREFIX}{dead.pid}-abcdef"
+        subprocess.run(["ip", "netns", "add", left], check=True)
+        probe()
+        assert left not in _namespaces() and _namespaces() == before  # the bystander is kept
+    finally:
+        subprocess.run(["ip", "netns", "del", bystander], capture_output=True)
