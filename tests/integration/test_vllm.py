@@ -20,7 +20,7 @@ import psutil
 import pytest
 import yaml
 
-from real_repro import SERVER_PROFILE, borrow_profile
+from real_repro import SERVER_PROFILE, TIME_SCALE, borrow_profile
 from vllm_env import VLLM_PYTHON, eager
 from syncsafe.config import load_params
 from syncsafe.schedules.schedule import read_schedule
@@ -272,7 +272,8 @@ def test_server_merge_work_and_client_each_ran_on_their_own_cpus(vllm_project):
 def test_a_replay_beside_a_cpu_hog_is_retried_then_marked_machine_busy(tmp_path, tiny_raw, vllm_project):
     # an 8 s span below the tiny floor, declared: this test measures nothing but the busy verdict
     params = load_params(make_project(tmp_path, tiny_raw(), budget_s=120, span_s=8, busy_retry_pause_s=1,
-                                      warmup_s=0, min_requests=5, min_merge_active=0))
+                                      warmup_s=0, min_requests=5, min_merge_active=0,
+                                      time_scale={"bursty": TIME_SCALE}))  # the borrowed profile's
     borrow_profile(vllm_project, tmp_path)
     # a foreign process, not a child of this one (the stage's own tree never counts): started through a shell
     # that exits at once, so it is adopted elsewhere
@@ -317,7 +318,7 @@ def _group_members(pgid: int) -> list[int]:
 
 def test_a_server_that_dies_mid_run_fails_loudly_and_writes_no_summary(tmp_path, tiny_raw, vllm_project):
     params = load_params(make_project(tmp_path, tiny_raw(), warmup_s=0, span_s=15, min_requests=5,
-                                      min_merge_active=0))  # killed after one replay
+                                      min_merge_active=0, time_scale={"bursty": TIME_SCALE}))  # killed after one replay
     borrow_profile(vllm_project, tmp_path)
     out = tmp_path / "runs" / "replay-sets" / "vllm" / "bursty" / "seed-0"
 
