@@ -281,102 +281,138 @@ def size_plans(designs: dict[str, RegimeDesign], controllers: list[str], budget_
     floor counts arrivals inside merge windows (no simulated request lifetime), so that with a pinned time
     scale the plan is the same on every machine; `fill_budget` lengthens only a plan with no pinned span.
     """
-    fixed_spans = dict(fixed_spans or {})
-    cache: dict[tuple[str, int, int, float], GatePower] = {}
+    sizer = _Sizer(designs, controllers, budget_s, threshold, power_target, max_draws, dict(fixed_spans or {}))
+    first = next(iter(designs))
+    fewest = min(MIN_DRAWS, max_draws)
+    candidates = [(draws, *sizer.admit(draws)) for draws in range(max_draws, fewest - 1, -1)]
+    draws, spans, left_out = max(candidates, key=lambda c: (first in c[1], len(c[1]), c[0]))
+    if first not in spans:
+        sizer.refuse_primary(first, fewest, left_out)  # raises unless no span powers the primary's regime
+        n_chosen, draws, spans, left_out = sizer.underpowered(first)
+    else:
+        n_chosen, spans = sizer.add_controllers(spans, draws)
+        if fill_budget and not sizer.fixed_spans:
+            included = {r: designs[r] for r in spans}
+            spans = _fill_budget(included, {r: sizer.measurable(r, n_chosen) for r in included}, n_chosen, draws,
+                                 spans, budget_s)
+    sized = {r: SizedRegime(controllers[:n_chosen], draws, spans[r], sizer.power(r, n_chosen, draws, spans[r]),
+                            wall_s(designs[r], n_chosen, draws, spans[r])) for r in spans}
+    return Sizing(sized, {r: left_out[r] for r in designs if r not in sized})
 
-    def power(regime: str, n: int, draws: int, span: float) -> GatePower:
+
+class _Sizer:
+    """The searches `size_plans` is made of, over one set of designs, with their power and span grids cached."""
+
+    def __init__(self, designs: dict[str, RegimeDesign], controllers: list[str], budget_s: float, threshold: float,
+                 power_target: float, max_draws: int, fixed_spans: dict[str, float]) -> None:
+        self.designs, self.controllers, self.budget_s = designs, controllers, budget_s
+        self.threshold, self.power_target, self.max_draws = threshold, power_target, max_draws
+        self.fixed_spans = fixed_spans
+        self._powers: dict[tuple[str, int, int, float], GatePower] = {}
+        self._grids: dict[tuple[str, int], list[float]] = {}
+        # a pinned span's floor counts arrivals in merge windows only (no simulated lifetimes: machine-free)
+        self.lives = {r: nominal_lives(d) if d.min_merge_active and r not in fixed_spans else None
+                      for r, d in designs.items()}
+        self.fixed_short = {r: _fixed_span_short(d, controllers[0], fixed_spans[r], max_draws, self.lives[r])
+                            for r, d in designs.items() if r in fixed_spans}
+
+    def power(self, regime: str, n: int, draws: int, span: float) -> GatePower:
         key = (regime, n, draws, span)
-        if key not in cache:
-            cache[key] = plan_power(designs[regime], controllers[:n], span, draws, threshold)
-        return cache[key]
+        if key not in self._powers:
+            self._powers[key] = plan_power(self.designs[regime], self.controllers[:n], span, draws, self.threshold)
+        return self._powers[key]
 
-    lives = {r: nominal_lives(d) if d.min_merge_active and r not in fixed_spans else None
-             for r, d in designs.items()}
-    grids: dict[tuple[str, int], list[float]] = {}
-
-    def measurable(regime: str, n: int) -> list[float]:
+    def measurable(self, regime: str, n: int) -> list[float]:
         """Candidate spans where the real comparison of each of the first `n` controllers with random carries
         information and all their planned replays meet the request floor."""
-        if (regime, n) not in grids:
-            d, c = designs[regime], controllers[n - 1]
-            base = _grid(d) if n == 1 else measurable(regime, n - 1)
-            grids[regime, n] = [g for g in base
-                                if informative(d, c, g) and floor_met(d, c, g, max_draws, lives[regime])]
-        return grids[regime, n]
+        if (regime, n) not in self._grids:
+            d, c = self.designs[regime], self.controllers[n - 1]
+            base = _grid(d) if n == 1 else self.measurable(regime, n - 1)
+            self._grids[regime, n] = [g for g in base if informative(d, c, g)
+                                      and floor_met(d, c, g, self.max_draws, self.lives[regime])]
+        return self._grids[regime, n]
 
-    fixed_short = {r: _fixed_span_short(d, controllers[0], fixed_spans[r], max_draws, lives[r])
-                   for r, d in designs.items() if r in fixed_spans}
+    def shortest(self, regime: str, n: int, draws: int) -> float | None:
+        """The span of `regime` with the first `n` controllers: the pinned one where it meets the floor, else the
+        shortest measurable span reaching the power target; None when there is none."""
+        design = self.designs[regime]
+        if regime in self.fixed_spans:
+            span = min(self.fixed_spans[regime], design.space.duration_s)
+            further = all(floor_met(design, c, span, self.max_draws, self.lives[regime])
+                          for c in self.controllers[1:n])
+            return None if self.fixed_short[regime] or not further else span
+        grid = self.measurable(regime, n)
+        if not grid:
+            return None
+        return _shortest_powered(lambda s: self.power(regime, n, draws, s), grid, self.power_target)
 
-    def shortest(regime: str, n: int, draws: int) -> float | None:
-        if regime in fixed_spans:
-            span = min(fixed_spans[regime], designs[regime].space.duration_s)
-            further = all(floor_met(designs[regime], c, span, max_draws, lives[regime]) for c in controllers[1:n])
-            return None if fixed_short[regime] or not further else span
-        grid = measurable(regime, n)
-        return _shortest_powered(lambda s: power(regime, n, draws, s), grid, power_target) if grid else None
-
-    def admit(draws: int) -> tuple[dict[str, float], dict[str, str]]:
+    def admit(self, draws: int) -> tuple[dict[str, float], dict[str, str]]:
+        """The regimes, in order, that the budget pays for at their shortest span with the primary and `draws`
+        draws; the others with the reason."""
         spans: dict[str, float] = {}
         left_out: dict[str, str] = {}
         used = 0.0
-        for regime, design in designs.items():
-            span = shortest(regime, 1, draws)
-            if span is None and fixed_short.get(regime):
-                left_out[regime] = fixed_short[regime]
-                continue
+        for regime, design in self.designs.items():
+            span = self.shortest(regime, 1, draws)
             if span is None:
-                left_out[regime] = (f"no span where {controllers[0]} merges on every planned seed, its "
-                                    f"draws can place those merges differently and every replay has "
-                                    f"{design.min_requests} requests ({design.min_merge_active} in merge windows)"
-                                    if not measurable(regime, 1) else
-                                    f"no span reaches gate power {power_target:.0%} with {draws} draw(s)")
+                left_out[regime] = self.fixed_short.get(regime) or self._no_span(regime, draws)
                 continue
             cost = wall_s(design, 1, draws, span)
-            if used + cost > budget_s:
+            if used + cost > self.budget_s:
                 left_out[regime] = (f"its shortest powered span ({span:g} s, about {cost:.0f} s of replays) "
-                                    f"does not fit the {max(budget_s - used, 0.0):.0f} s of budget_s left")
+                                    f"does not fit the {max(self.budget_s - used, 0.0):.0f} s of budget_s left")
                 continue
             spans[regime], used = span, used + cost
         return spans, left_out
 
-    first = next(iter(designs))
-    fewest = min(MIN_DRAWS, max_draws)
-    candidates = [(draws, *admit(draws)) for draws in range(max_draws, fewest - 1, -1)]
-    draws, spans, left_out = max(candidates, key=lambda c: (first in c[1], len(c[1]), c[0]))
-    if first not in spans:
-        if fixed_short.get(first):
-            raise PlanError(f"the primary's regime {first}: {fixed_short[first]}")
-        if not measurable(first, 1):
+    def _no_span(self, regime: str, draws: int) -> str:
+        design = self.designs[regime]
+        if not self.measurable(regime, 1):
+            return (f"no span where {self.controllers[0]} merges on every planned seed, its draws can place those "
+                    f"merges differently and every replay has {design.min_requests} requests "
+                    f"({design.min_merge_active} in merge windows)")
+        return f"no span reaches gate power {self.power_target:.0%} with {draws} draw(s)"
+
+    def refuse_primary(self, first: str, fewest: int, left_out: dict[str, str]) -> None:
+        """`PlanError` when the primary's regime cannot be replayed at all: a pinned span below the floor, no
+        measurable span, or a powered span the budget cannot pay for. Returns when only power is missing."""
+        if self.fixed_short.get(first):
+            raise PlanError(f"the primary's regime {first}: {self.fixed_short[first]}")
+        if not self.measurable(first, 1):
             raise PlanError(f"the primary's regime {first} has no span: {left_out[first]}")
-        if (span := shortest(first, 1, fewest)) is not None:
-            raise PlanError(f"replay.vllm.budget_s {budget_s:g} s cannot pay for the primary's regime {first}: its "
-                            f"shortest powered span ({span:g} s) needs about "
-                            f"{wall_s(designs[first], 1, fewest, span):.0f} s of replays with {fewest} draw(s); "
+        if (span := self.shortest(first, 1, fewest)) is not None:
+            raise PlanError(f"replay.vllm.budget_s {self.budget_s:g} s cannot pay for the primary's regime {first}: "
+                            f"its shortest powered span ({span:g} s) needs about "
+                            f"{wall_s(self.designs[first], 1, fewest, span):.0f} s of replays with {fewest} draw(s); "
                             "raise budget_s")
-        spans = {}  # no span powers the primary's regime: it alone, underpowered (below)
-    if spans:
-        included = {r: designs[r] for r in spans}
+
+    def add_controllers(self, spans: dict[str, float], draws: int) -> tuple[int, dict[str, float]]:
+        """The further controllers, in order, while every admitted regime has a span for them and the budget pays
+        for it; the number of controllers and their spans."""
         n_chosen = 1
-        for n in range(2, len(controllers) + 1):
-            more = {r: shortest(r, n, draws) for r in included}
-            if any(v is None for v in more.values()) or \
-                    sum(wall_s(included[r], n, draws, more[r]) for r in included) > budget_s:  # type: ignore[arg-type]
+        for n in range(2, len(self.controllers) + 1):
+            more = {r: self.shortest(r, n, draws) for r in spans}
+            if any(v is None for v in more.values()):
                 break
-            n_chosen, spans = n, more  # type: ignore[assignment]
-        if fill_budget and not fixed_spans:
-            spans = _fill_budget(included, {r: measurable(r, n_chosen) for r in included}, n_chosen, draws, spans,
-                                 budget_s)
-    else:  # nothing powered fits: the first regime, one draw, its longest informative span the budget allows
-        n_chosen, draws = 1, 1
-        fits = [g for g in measurable(first, 1) if wall_s(designs[first], 1, 1, g) <= budget_s]
-        included = {first: designs[first]}
-        spans = ({first: shortest(first, 1, 1)} if first in fixed_spans  # type: ignore[dict-item]
-                 else _fill_budget(included, {first: fits or measurable(first, 1)[:1]}, 1, 1, {}, budget_s))
+            if sum(wall_s(self.designs[r], n, draws, v) for r, v in more.items() if v is not None) > self.budget_s:
+                break
+            n_chosen, spans = n, {r: v for r, v in more.items() if v is not None}
+        return n_chosen, spans
+
+    def underpowered(self, first: str) -> tuple[int, int, dict[str, float], dict[str, str]]:
+        """No span powers the primary's regime: it alone, one draw, on its pinned span or its longest informative
+        span the budget allows; (controllers, draws, spans, left out)."""
+        design = self.designs[first]
+        if first in self.fixed_spans:
+            span = self.shortest(first, 1, 1)
+            spans = {first: span} if span is not None else {}
+        else:
+            fits = [g for g in self.measurable(first, 1) if wall_s(design, 1, 1, g) <= self.budget_s]
+            spans = _fill_budget({first: design}, {first: fits or self.measurable(first, 1)[:1]}, 1, 1, {},
+                                 self.budget_s)
         left_out = {r: f"{why}; the budget powers no regime, so only the first one is replayed"
-                    for r, why in admit(1)[1].items() if r != first}
-    sized = {r: SizedRegime(controllers[:n_chosen], draws, spans[r], power(r, n_chosen, draws, spans[r]),
-                            wall_s(designs[r], n_chosen, draws, spans[r])) for r in spans}
-    return Sizing(sized, {r: left_out[r] for r in designs if r not in sized})
+                    for r, why in self.admit(1)[1].items() if r != first}
+        return 1, 1, spans, left_out
 
 
 def _fill_budget(designs: dict[str, RegimeDesign], grids: dict[str, list[float]], n: int, draws: int,
