@@ -218,6 +218,9 @@ def merge_run_params(base: dict, selection: dict) -> dict:
     names = list(raw.get("regimes") or {})
     if "regimes" not in explicit and vllm.get("regimes"):
         vllm["regimes"] = [r for r in vllm["regimes"] if r in names] or names[:1]
+    for key in ("time_scale", "span_s"):  # per-regime pins of the regimes the run has
+        if key not in explicit and isinstance(vllm.get(key), dict):
+            vllm[key] = {r: v for r, v in vllm[key].items() if r in names}
     if "policies" not in explicit and vllm.get("policies"):
         have = (raw.get("control") or {}).get("policies")
         if have is not None:

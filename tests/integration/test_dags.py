@@ -218,6 +218,11 @@ def test_run_params_merge_the_selection_and_narrow_the_vllm_subset(tmp_path: Pat
     # the vLLM subset follows the run's choices instead of failing validation
     assert p.replay.vllm.regimes == ["bursty"]
     assert p.replay.vllm.draws == 2
+    # per-regime pins follow the regimes the run keeps (a pin of a regime it dropped would be refused)
+    both = copy.deepcopy(base)
+    both["replay"]["vllm"]["time_scale"] = {"bursty": 2.5, "steady": 1.0}
+    narrowed = parse_params(sup.merge_run_params(both, selection)).replay.vllm
+    assert narrowed.time_scale == {"bursty": 2.5}
     assert p.replay.vllm.policies is None or set(p.replay.vllm.policies) <= {"fixed_h", "wa_diloco"}
     # an explicit override wins over the narrowing; the pipeline's schema has the last word
     bad = sup.merge_run_params(_repo_params(), {"overrides": {"control": {"min_h": 90}}})

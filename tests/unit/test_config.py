@@ -50,6 +50,9 @@ def _mutate(raw: dict, dotted: str, value) -> dict:
         ("merge.min_gap_s", 30, "merge.min_gap_s (30.0) must be <="),
         ("merge.window_s", 7.3, "merge.window_s (7.3) must be a multiple of traces.step_s"),
         ("profile", "tpu", "profile: 'tpu' does not match the overlays these params hold ([], label 'cpu')"),
+        # a misspelt regime in a per-regime pin would leave the regime it meant unpinned
+        ("replay.vllm.time_scale", {"burst": 2.5}, "replay.vllm.time_scale: regime(s) ['burst'] not among the regimes"),
+        ("replay.vllm.span_s", {"bursty": 100, "stedy": 90}, "replay.vllm.span_s: regime(s) ['stedy'] not among"),
     ],
 )
 def test_bad_value_names_the_key(raw_params, key, value, expected):

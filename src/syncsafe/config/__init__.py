@@ -141,6 +141,10 @@ class Params(Strict):
             unknown = [x for x in chosen if x not in allowed]
             if unknown:
                 raise ValueError(f"{key}: {unknown} not among {allowed}")
+        for key, value in (("replay.vllm.time_scale", vllm.time_scale), ("replay.vllm.span_s", vllm.span_s)):
+            unknown = [r for r in value if r not in self.regimes] if isinstance(value, dict) else []
+            if unknown:  # a misspelt regime would leave the regime it meant unpinned without a word
+                raise ValueError(f"{key}: regime(s) {unknown} not among the regimes {list(self.regimes)}")
         primary = self.analysis.primary
         if primary.regime not in self.regimes:
             raise ValueError(f"analysis.primary.regime: {primary.regime!r} not among {list(self.regimes)}")
