@@ -167,16 +167,23 @@ def holds(send: Sender, rate_rps: float, probe_s: float, mix: pd.DataFrame, boun
     return False
 
 
+def _light_probe(send: Sender, mix: pd.DataFrame, light_rps: float, probe_s: float, ttft_factor: float,
+                 seed: int) -> tuple[float, list[CapacityProbe]]:
+    """(the TTFT bound: `ttft_factor` times the TTFT p95 at `light_rps`, [that probe]); LoadError when the
+    server fails requests even there."""
+    rows, reference, failures = probe(send, light_rps, probe_s, mix, seed)
+    if reference is None or failures > 0:
+        raise LoadError(f"the server failed requests at a light load of {light_rps:.2g} requests/s: "
+                        "no capacity to measure")
+    return ttft_factor * reference, [CapacityProbe(rate_rps=light_rps, n_requests=len(rows), ttft_p95_ms=reference,
+                                                   failure_rate=failures, sustained=True)]
+
+
 def search_capacity(send: Sender, mix: pd.DataFrame, first_guess_rps: float, probe_s: float, ttft_factor: float,
                     seed: int = 0) -> tuple[float, float, list[CapacityProbe]]:
     """(capacity rps, TTFT bound ms, probes) by the search of the module docstring."""
     light = max(first_guess_rps * LIGHT_SHARE, 0.5)
-    rows, reference, failures = probe(send, light, probe_s, mix, seed)
-    if reference is None or failures > 0:
-        raise LoadError(f"the server failed requests at a light load of {light:.2g} requests/s: no capacity to measure")
-    bound = ttft_factor * reference
-    probes = [CapacityProbe(rate_rps=light, n_requests=len(rows), ttft_p95_ms=reference,
-                            failure_rate=failures, sustained=True)]
+    bound, probes = _light_probe(send, mix, light, probe_s, ttft_factor, seed)
 
     def run(rate: float) -> bool:
         return holds(send, rate, probe_s, mix, bound, seed, probes)
@@ -220,12 +227,7 @@ def check_capacity(send: Sender, mix: pd.DataFrame, required_rps: float, first_g
     rate, a lower bound: the machine holds the plan and nothing above it is probed. Not held, the full search
     and its confirmation measure what the machine does hold (for the refusal to name)."""
     light = max(min(first_guess_rps, required_rps) * LIGHT_SHARE, 0.5)
-    rows, reference, failures = probe(send, light, probe_s, mix, seed)
-    if reference is None or failures > 0:
-        raise LoadError(f"the server failed requests at a light load of {light:.2g} requests/s: no capacity to measure")
-    bound = ttft_factor * reference
-    probes = [CapacityProbe(rate_rps=light, n_requests=len(rows), ttft_p95_ms=reference,
-                            failure_rate=failures, sustained=True)]
+    bound, probes = _light_probe(send, mix, light, probe_s, ttft_factor, seed)
     if all(holds(send, required_rps, probe_s, mix, bound, seed + 7919 * repeat, probes)
            for repeat in range(1, CONFIRM_REPEATS + 1)):
         return required_rps, bound, probes
