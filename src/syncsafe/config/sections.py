@@ -300,7 +300,7 @@ class VllmReplay(Strict):
     capacity_probe_s: PositiveFloat = 6.0
     #: Trace seconds [0, span_s) every real replay covers, one for every regime or per regime (a mapping);
     #: null (or a regime the mapping leaves out) = sized by the gate's power within `budget_s`.
-    span_s: PerRegimeFloat | None = Field(default_factory=lambda: {"bursty": 100.0})
+    span_s: PerRegimeFloat | None = Field(default_factory=lambda: {"bursty": 120.0})
     #: Wall seconds the planned replays may take (server start, profile and capacity probes not counted).
     budget_s: PositiveFloat = 900.0
     #: What the powered plan leaves of `budget_s` lengthens every span alike; false = the budget is a ceiling
