@@ -20,6 +20,8 @@ import urllib.parse
 import urllib.request
 from http.client import HTTPResponse
 
+from syncsafe.procs import LOOPBACK
+
 #: An opener whose ProxyHandler knows no proxy: environment proxies are never consulted.
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -29,8 +31,8 @@ def urlopen(url: str | urllib.request.Request, timeout: float, data: bytes | Non
     return _DIRECT.open(url, data=data, timeout=timeout)
 
 
-#: Always reached directly, whatever the service: loopback by name and address.
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
+#: Always reached directly, whatever the service: loopback by address (the project's) and by name.
+LOOPBACK_HOSTS = (LOOPBACK, "localhost", "::1")
 
 
 def bypass_proxy(url: str) -> None:
@@ -42,6 +44,6 @@ def bypass_proxy(url: str) -> None:
         return
     for name in ("no_proxy", "NO_PROXY"):
         listed = [h.strip() for h in os.environ.get(name, "").split(",") if h.strip()]
-        wanted = [h for h in (*LOOPBACK, host) if h not in listed]
+        wanted = [h for h in (*LOOPBACK_HOSTS, host) if h not in listed]
         if wanted:
             os.environ[name] = ",".join(listed + wanted)

@@ -31,12 +31,12 @@ def _git(root: Path, *args: str) -> str:
     return done.stdout
 
 
-def experiment_ref_names(root: Path, prefix: str = EXPS) -> dict[str, tuple[str, str]]:
-    """Experiments under `prefix`: name -> (full ref, commit)."""
+def experiment_ref_names(root: Path) -> dict[str, tuple[str, str]]:
+    """DVC's experiments: name -> (full ref, commit)."""
     found = {}
-    for line in _git(root, "for-each-ref", prefix, "--format=%(refname) %(objectname)").splitlines():
+    for line in _git(root, "for-each-ref", EXPS, "--format=%(refname) %(objectname)").splitlines():
         ref, _, sha = line.partition(" ")
-        if ref.count("/") >= 4:  # <prefix><baseline[:2]>/<baseline[2:]>/<name>
+        if ref.count("/") >= 4:  # refs/exps/<baseline[:2]>/<baseline[2:]>/<name>
             found[ref.rsplit("/", 1)[1]] = (ref, sha)
     return found
 
