@@ -329,9 +329,9 @@ class VllmReplay(Strict):
     #: of each replay with merges (enough to estimate a p95 per replay).
     min_requests: Annotated[int, Field(ge=1)] = 150
     min_merge_active: Annotated[int, Field(ge=0)] = 10
-    #: Noise floor: a seed whose no-sync controls disagree beyond their own sampling noise (the noise test's
-    #: p below this, `serving.real_evidence.controls_disagree`) gets one more control; still below with it, the
-    #: seed is left out of the evidence with the reason. At most this share of seeds is left out by chance.
+    #: Noise floor: a regime whose no-sync controls' p95 follows their replay order (the drift test's p below
+    #: this, `serving.real_evidence.controls_drift`) gets one more control per seed; still below with them, its
+    #: seeds are left out of the evidence with the reason. A stationary server is left out at most this often.
     control_alpha: Annotated[float, Field(gt=0, lt=0.5)] = 0.01
     #: Bootstrap resamples of each replay's p95 and SLO-rate interval.
     bootstrap_resamples: Annotated[int, Field(ge=100)] = 1000

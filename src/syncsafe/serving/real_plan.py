@@ -32,6 +32,7 @@ from syncsafe.schedules.schedule import read_schedule
 from syncsafe.serving.capacity import LoadShape, RegimeLoad, load_scale
 from syncsafe.serving.engine_profile import ServerProfile, profile_prior
 from syncsafe.serving.plan_sizing import RegimeDesign, SeedInputs, size_plans
+from syncsafe.serving.real_evidence import drift_min_p
 from syncsafe.serving.vllm_plan import RealPlan, RegimePlan, vllm_controllers, vllm_regimes, vllm_seed_split
 
 def seed_inputs(root: Path, index: pd.DataFrame, regime: str, seed: int, controllers: list[str]) -> SeedInputs:
@@ -101,7 +102,9 @@ def plan_real_arm(params: Params, root: Path, index: pd.DataFrame, loads: dict[s
 
 
 def describe_plan(plan: RealPlan) -> list[str]:
-    """One line per regime: load, span, what is replayed, and the gate's planned power."""
+    """One line per regime: load, span, what is replayed, the gate's planned power, and the smallest p its
+    controls' drift test can reach (`real_evidence.controls_drift`: not below control_alpha, no drift can be
+    shown)."""
     lines = []
     for regime, p in plan.regimes.items():
         load = plan.loads.get(regime)
@@ -113,7 +116,8 @@ def describe_plan(plan: RealPlan) -> list[str]:
             f"{', '.join(p.controllers)} with {p.draws} span-matched draws, {p.controls} no-sync controls: "
             f"{p.replays_per_seed * len(p.seeds)} replays, about {p.expected_wall_s:.0f} s; gate power "
             f"{(p.power or 0.0):.0%} at the profiled effect (expected ratio {p.expected_gate_ratio or float('nan'):.3g}, "
-            f"threshold {plan.gate_ratio_threshold:g}): {powered}"
+            f"threshold {plan.gate_ratio_threshold:g}): {powered}; the drift test's smallest attainable p "
+            f"{drift_min_p([p.controls] * len(p.seeds)):.2g}"
             + (f"; left out (no span the budget pays for measures them): {', '.join(p.left_out)}"
                if p.left_out else ""))
     lines += [f"{regime}: not replayed: {why}" for regime, why in plan.left_out.items()]

@@ -14,8 +14,9 @@ same CPUs and the client (this process) on CPUs of its own (`real_arm`):
    by `RealArm.replay` (busy machine, failures, late client, failing
    scraper, or a control overloaded against the profile's light-load TTFT
    bound: invalid);
-3. the checks of `real_evidence`: a seed whose controls disagree beyond the
-   noise floor gets one more control, then is left out; every replay is
+3. the checks of `real_evidence`: a regime whose controls drift with the
+   replay order gets one more control per seed, then its seeds are left
+   out; every replay is
    written with its seed's SLO pooled from all its controls, with bootstrap
    intervals of its p95 and SLO rate.
 
@@ -38,7 +39,7 @@ from syncsafe.config import Params
 from syncsafe.serving.engine_profile import ServerProfile
 from syncsafe.serving.placement import CpuPlacement
 from syncsafe.serving.real_arm import Measured, PhaseClock, PlannedReplay, RealArm, open_arm
-from syncsafe.serving.real_evidence import ControlTest, control_spread, controls_disagree, pooled_slo, replay_intervals
+from syncsafe.serving.real_evidence import ControlTest, control_spread, controls_drift, pooled_slo, replay_intervals
 from syncsafe.serving.real_plan import describe_plan, plan_real_arm
 from syncsafe.serving.replay import index_row, write_replay, write_set_index
 from syncsafe.serving.server_profile import read_measured_server
@@ -82,9 +83,10 @@ def replay_vllm(params: Params, root: Path = Path(".")) -> pd.DataFrame:
 
 
 def replay_regime(arm: RealArm, plan: RealPlan, regime: str, items: list[PlannedReplay], bar: tqdm) -> list[Measured]:
-    """The regime's planned replays in order, then the noise floor (`real_evidence.controls_disagree`): a seed
-    whose controls disagree beyond their sampling noise (p < `control_alpha`) gets one more control, and is left
-    out (every replay of it marked invalid, with the reason) when the test with it still says so."""
+    """The regime's planned replays in order, then the noise floor (`real_evidence.controls_drift`): when the
+    controls' p95 follows the replay order (p < `control_alpha`) every seed gets one more control, and the
+    regime's seeds are left out (every replay marked invalid, with the reason) when the test with them still
+    says so."""
     cfg, root = arm.cfg, arm.root
     regime_plan = plan.regimes[regime]
     load = plan.loads.get(regime)
@@ -98,34 +100,40 @@ def replay_regime(arm: RealArm, plan: RealPlan, regime: str, items: list[Planned
     for item in items:
         measured.append(arm.replay(item, *inputs[int(item.row["seed"])], regime_plan, utilisation, bound))
         bar.update()
-    decided: dict[int, float | None] = {}  # per seed: the noise test's p that decided (recorded with every replay)
-    for seed in regime_plan.seeds:
-        test = _control_test(cfg, regime, seed, measured)
-        decided[seed] = _p_of(test)
-        if test is None or not test.disagree(cfg.control_alpha):
-            continue
-        tqdm.write(f"replay vllm: {regime} seed {seed}: {test.describe()} < control_alpha {cfg.control_alpha:g}; "
-                   "one more control")
-        controls = [m for m in measured if m.seed == seed and m.item.control is not None]
-        first = controls[0].item
-        extra = arm.planned_replay(first.row, len(controls), len(measured), regime_plan.controls)
-        bar.total += 1
-        measured.append(arm.replay(extra, *inputs[seed], regime_plan, utilisation, bound))
-        bar.update()
-        test = _control_test(cfg, regime, seed, measured)
-        decided[seed] = _p_of(test)
+    test = _control_test(cfg, regime, measured)
+    if test is not None and not test.can_detect(cfg.control_alpha):
+        tqdm.write(f"replay vllm: {regime}: drift not checkable, {test.describe()} is not below control_alpha "
+                   f"{cfg.control_alpha:g}")
+    if test is not None and test.disagree(cfg.control_alpha):
+        tqdm.write(f"replay vllm: {regime}: {test.describe()} < control_alpha {cfg.control_alpha:g}; one more "
+                   "control per seed")
+        for seed in regime_plan.seeds:
+            controls = [m for m in measured if m.seed == seed and m.item.control is not None]
+            first = controls[0].item
+            extra = arm.planned_replay(first.row, len(controls), len(measured), regime_plan.controls)
+            bar.total += 1
+            measured.append(arm.replay(extra, *inputs[seed], regime_plan, utilisation, bound))
+            bar.update()
+        test = _control_test(cfg, regime, measured)
         if test is not None and test.disagree(cfg.control_alpha):
-            why = (f"noise floor: seed {seed} left out, its {test.describe()} < control_alpha "
-                   f"{cfg.control_alpha:g}: the server changed beyond its sampling noise")
-            tqdm.write(f"replay vllm: {regime} {why}")
-            measured = [m.invalid(why) if m.seed == seed else m for m in measured]
-    return [Measured(m.item, m.results, {**m.extra, "control_p": decided.get(m.seed)}) for m in measured]
+            for seed in regime_plan.seeds:
+                why = (f"noise floor: seed {seed} left out, the {test.describe()} < control_alpha "
+                       f"{cfg.control_alpha:g}: the server drifted over the run")
+                measured = [m.invalid(why) if m.seed == seed else m for m in measured]
+            tqdm.write(f"replay vllm: {regime}: noise floor, every seed left out: {test.describe()}")
+    decided = _p_of(test)
+    return [Measured(m.item, m.results, {**m.extra, "control_p": decided}) for m in measured]
 
 
-def _control_test(cfg, regime: str, seed: int, measured: list[Measured]) -> ControlTest | None:
-    """The noise test of the seed's valid no-sync controls, seeded per regime, seed and control count."""
-    valid = [m.results for m in measured if m.seed == seed and m.item.control is not None and m.extra["valid"]]
-    return controls_disagree(valid, cfg.bootstrap_resamples, (seed, len(valid), *regime.encode()))
+def _control_test(cfg, regime: str, measured: list[Measured]) -> ControlTest | None:
+    """The drift test of the regime's valid no-sync controls at their replay positions, seeded per regime and
+    control count."""
+    valid: dict[int, list[tuple[int, pd.DataFrame]]] = {}
+    for position, m in enumerate(measured):
+        if m.item.control is not None and m.extra["valid"]:
+            valid.setdefault(m.seed, []).append((position, m.results))
+    count = sum(len(v) for v in valid.values())
+    return controls_drift(valid, cfg.bootstrap_resamples, (count, *regime.encode()))
 
 
 def write_regime(params: Params, root: Path, measured: list[Measured]) -> list[dict]:
