@@ -25,7 +25,7 @@ from pathlib import Path
 import yaml
 
 from syncsafe.artifacts.traces import read_requests
-from syncsafe.config import load_params
+from syncsafe.config import Params, load_params
 from syncsafe.profiles import compose_file
 from syncsafe.serving.capacity import token_mix
 from syncsafe.serving.real_arm import open_arm
@@ -42,18 +42,26 @@ SETTINGS: dict[str, list[str]] = {
 
 
 def with_args(shipped: list[str], extra: list[str]) -> list[str]:
-    """`shipped` with every flag of `extra` set to its value there (replaced when present, else appended)."""
+    """`shipped` with every flag of `extra` set: a flag with a value replaces the shipped value (or is appended),
+    a flag without one (`--no-enable-prefix-caching`) is appended once."""
     out = list(shipped)
-    for i in range(0, len(extra), 2):
-        flag, value = extra[i], extra[i + 1]
-        if flag in out:
-            out[out.index(flag) + 1] = value
+    i = 0
+    while i < len(extra):
+        flag = extra[i]
+        if i + 1 < len(extra) and not extra[i + 1].startswith("--"):
+            if flag in out:
+                out[out.index(flag) + 1] = extra[i + 1]
+            else:
+                out += [flag, extra[i + 1]]
+            i += 2
         else:
-            out += [flag, value]
+            out += [] if flag in out else [flag]
+            i += 1
     return out
 
 
-def measure(root: Path, raw: dict, regime: str, extra: list[str]) -> dict[str, float]:
+def bench_project(root: Path, raw: dict, regime: str, extra: list[str]) -> Params:
+    """A fresh project under `root`: params `raw` with `extra` server arguments, and `regime`'s traces built."""
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     raw = {**raw, "replay": {**raw["replay"], "vllm": {**raw["replay"]["vllm"]}}}
@@ -61,6 +69,11 @@ def measure(root: Path, raw: dict, regime: str, extra: list[str]) -> dict[str, f
     (root / "params.yaml").write_text(yaml.safe_dump(raw))
     params = load_params(root / "params.yaml")
     build_traces(params, regime, root)
+    return params
+
+
+def measure(root: Path, raw: dict, regime: str, extra: list[str]) -> dict[str, float]:
+    params = bench_project(root, raw, regime, extra)
     mix = token_mix([read_requests(root, regime, s) for s in params.seeds])
     started = time.monotonic()
     with open_arm(params, root, Path("server.log")) as arm:

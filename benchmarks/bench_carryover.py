@@ -1,15 +1,16 @@
 """Benchmark: does one replay leave the real server faster or slower for the next? Carry-over, per server knob.
 
-The real arm's noise test compares a seed's no-sync controls, replays of the same arrivals that should agree up
-to their sampling noise. If a replay changes the server for the next one (a prefix cache still holding the
-previous replay's prompts, a pace still settling), a control's latency depends on what was replayed before it,
-and the test rightly leaves the seed out. This benchmark looks for that carry-over directly: for each setting,
-one fresh server on the replays' CPU placement, warmed up as the stages warm it, then no-sync replays of two
-seeds' first `--span-s` trace seconds in a fixed order that puts every seed both after itself and after the
-other (A A B A B B A B), at the profile's pinned time scale. Printed per replay: the seed, what preceded it,
-E2E and TTFT p95, the decode pace and the prefix-cache hit rate over the replay (from the server's counters);
-then per setting the mean E2E p95 after the same seed and after the other, and the noise test of each seed's
-controls (`real_evidence.controls_disagree`). Each replay's requests are kept under `--root`.
+A seed's no-sync controls replay the same arrivals. If a replay changes the server for the next one (a prefix
+cache still holding the previous replay's prompts, a pace still settling), a control's latency depends on what
+was replayed before it; if the server's pace wanders on its own, identical controls disagree anyway. This
+benchmark measures both on one fresh server per setting, on the replays' CPU placement and warmed up as the
+stages warm it: no-sync replays of two seeds' first `--span-s` trace seconds in a fixed order that puts every
+seed both after itself and after the other (A A B A B B A B), at the profile's pinned time scale. Printed per
+replay: the seed, what preceded it, E2E and TTFT p95, the decode pace and the prefix-cache hit rate over the
+replay (from the server's counters); then per setting the mean E2E p95 after the same seed and after the
+other, each seed's spread, and the noise floor's drift test of the replays over their positions
+(`real_evidence.controls_drift`). Each replay's requests are kept under `--root`. Results:
+evidence/2026-12-06-server-wandering.md.
 
     .venv/bin/python benchmarks/bench_carryover.py [--profile cpu] [--regime bursty] [--span-s 60]
 
@@ -20,27 +21,23 @@ built-in ones). Run it from the repository root, alone on the machine.
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_capacity import REPO, with_args  # noqa: E402
+from bench_capacity import REPO, bench_project  # noqa: E402
 
 from syncsafe import localhttp, timebase  # noqa: E402
 from syncsafe.artifacts.traces import read_requests  # noqa: E402
-from syncsafe.config import load_params  # noqa: E402
 from syncsafe.control.live_signals import sum_samples  # noqa: E402
 from syncsafe.profiles import compose_file  # noqa: E402
 from syncsafe.serving.metrics import failed_mask  # noqa: E402
 from syncsafe.serving.real_arm import open_arm  # noqa: E402
-from syncsafe.serving.real_evidence import controls_disagree  # noqa: E402
+from syncsafe.serving.real_evidence import controls_drift  # noqa: E402
 from syncsafe.serving.warmup import decode_pace_ms  # noqa: E402
-from syncsafe.traces.stage import build_traces  # noqa: E402
 
 #: name -> server arguments added to the shipped ones (a flag given here replaces the shipped value).
 SETTINGS: dict[str, list[str]] = {
@@ -58,26 +55,13 @@ def counters(base_url: str) -> dict[str, float]:
     return {COUNTERS[k]: v for k, v in found.items()}
 
 
-def add_args(shipped: list[str], extra: list[str]) -> list[str]:
-    """`shipped` with `extra`'s flags: a flag with a value replaces the shipped value, a bare flag is appended."""
-    pairs = [a for a in extra if not a.startswith("--no-")]
-    bare = [a for a in extra if a.startswith("--no-")]
-    return with_args(shipped, pairs) + [a for a in bare if a not in shipped]
-
-
 def p95(values: np.ndarray) -> float:
     values = values[np.isfinite(values)]
     return float(np.percentile(values, 95)) if values.size else float("nan")
 
 
 def measure(root: Path, raw: dict, regime: str, extra: list[str], span_s: float) -> list[dict]:
-    shutil.rmtree(root, ignore_errors=True)
-    root.mkdir(parents=True)
-    raw = {**raw, "replay": {**raw["replay"], "vllm": {**raw["replay"]["vllm"]}}}
-    raw["replay"]["vllm"]["server_args"] = add_args(raw["replay"]["vllm"]["server_args"], extra)
-    (root / "params.yaml").write_text(yaml.safe_dump(raw))
-    params = load_params(root / "params.yaml")
-    build_traces(params, regime, root)
+    params = bench_project(root, raw, regime, extra)
     scale = params.replay.vllm.pinned_time_scale(regime) or 1.0
     seeds = params.seeds[:2]
     spans = {s: (r := read_requests(root, regime, s))[r["arrival_s"] < span_s] for s in seeds}
@@ -90,7 +74,7 @@ def measure(root: Path, raw: dict, regime: str, extra: list[str], span_s: float)
             start = counters(arm.server.base_url)
             res = arm.send(spans[seed], timebase.now() + 1.0, scale, seed)
             end = counters(arm.server.base_url)
-            res.to_parquet(root / f"replay-{position}-seed-{seed}.parquet")  # for the noise test, offline
+            res.to_parquet(root / f"replay-{position}-seed-{seed}.parquet")  # for the drift test, and offline
             ok = res[~failed_mask(res)]
             queries = end.get("queries", 0) - start.get("queries", 0)
             rows.append({"seed": seed, "after": "-" if before is None else ("same" if before == seed else "other"),
@@ -142,11 +126,12 @@ def main() -> None:
         hits = f"{np.mean(rates):.0%}" if rates else "off"
         print(f"| {name} | {np.mean(same):.0f} | {np.mean(other):.0f} | {' / '.join(spreads)} | {hits} |")
     for i, name in enumerate(summary):
-        for seed in sorted({r["seed"] for r in summary[name]}):
-            tables = [pd.read_parquet(p) for p in sorted((args.root / f"setting-{i}").glob(f"replay-*-seed-{seed}.parquet"))]
-            test = controls_disagree(tables, 999, (seed,))
-            print(f"{name}, seed {seed}: {test.describe() if test else 'not tested'}")
-
+        found = {}
+        for path in (args.root / f"setting-{i}").glob("replay-*-seed-*.parquet"):
+            _, position, _, seed = path.stem.split("-")
+            found.setdefault(int(seed), []).append((int(position), pd.read_parquet(path)))
+        test = controls_drift(found, 999, (i,))
+        print(f"{name}: {test.describe() if test else 'not tested'}")
 
 if __name__ == "__main__":
     main()
