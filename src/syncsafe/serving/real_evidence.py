@@ -132,8 +132,8 @@ def controls_drift(controls: dict[int, Sequence[tuple[int, pd.DataFrame]]], resa
     if not series:
         return None
     observed = float(sum(_correlation(v[None, :], pos)[0] for pos, v in series))
-    arrangements = float(np.prod([math.factorial(v.size) for _, v in series]))
-    if arrangements <= EXACT_ARRANGEMENTS:
+    fewest = drift_min_p([v.size for _, v in series])  # 1 / the number of arrangements
+    if 1.0 / fewest <= EXACT_ARRANGEMENTS:
         sums = np.zeros(1)
         for pos, v in series:  # every arrangement: the sums over seeds of every seed's permutations
             per = _correlation(np.array([v[list(p)] for p in itertools.permutations(range(v.size))]), pos)
@@ -146,7 +146,7 @@ def controls_drift(controls: dict[int, Sequence[tuple[int, pd.DataFrame]]], resa
         for pos, v in series:
             sums += _correlation(rng.permuted(np.tile(v, (resamples, 1)), axis=1), pos)
         p_value = float((1 + np.sum(np.abs(sums) >= abs(observed) - 1e-9)) / (1 + resamples))
-        min_p = float(max(1.0 / arrangements, 1.0 / (1 + resamples)))
+        min_p = float(max(fewest, 1.0 / (1 + resamples)))
     return ControlTest(statistic=observed, p_value=p_value, min_p=min_p, controls=sum(v.size for _, v in series),
                        seeds=len(series))
 

@@ -116,10 +116,8 @@ def replay_regime(arm: RealArm, plan: RealPlan, regime: str, items: list[Planned
             bar.update()
         test = _control_test(cfg, regime, measured)
         if test is not None and test.disagree(cfg.control_alpha):
-            for seed in regime_plan.seeds:
-                why = (f"noise floor: seed {seed} left out, the {test.describe()} < control_alpha "
-                       f"{cfg.control_alpha:g}: the server drifted over the run")
-                measured = [m.invalid(why) if m.seed == seed else m for m in measured]
+            why = f"the {test.describe()} < control_alpha {cfg.control_alpha:g}: the server drifted over the run"
+            measured = [m.invalid(f"noise floor: seed {m.seed} left out, {why}") for m in measured]
             tqdm.write(f"replay vllm: {regime}: noise floor, every seed left out: {test.describe()}")
     decided = _p_of(test)
     return [Measured(m.item, m.results, {**m.extra, "control_p": decided}) for m in measured]
