@@ -78,6 +78,10 @@ class RegimeMechanism(BaseModel):
     n_bootstrap: int = Field(default=0, ge=0)
     #: Length of the resampled blocks of consecutive arrivals (trace seconds).
     block_s: float | None = Field(default=None, gt=0)
+    #: Wander of a whole replay's log p95 E2E, from the no-sync controls (pooled within-seed sd), and its degrees
+    #: of freedom: carried into the gate's bounds (`syncsafe.serving.gate.ReplayNoise`).
+    replay_sd: float | None = Field(default=None, ge=0)
+    replay_sd_df: int | None = Field(default=None, ge=1)
     backend: Literal["vllm"] = "vllm"
     seeds: list[int] = Field(default_factory=list)
     n_requests: int | None = Field(default=None, ge=0, description="real requests of the replays with merges")
@@ -172,7 +176,9 @@ class MechanismEvidence(BaseModel):
             text += f", drift {m.drift_ratio:.3g}"
         if m.gate_ratio is not None:
             text += (f", drift-corrected {m.gate_ratio:.3g} (95 % bounds [{_fmt(m.gate_ratio_ci_low)}, "
-                     f"{_fmt(m.gate_ratio_ci_high)}], block bootstrap; threshold {self.gate_ratio_threshold:.3g})")
+                     f"{_fmt(m.gate_ratio_ci_high)}], block bootstrap"
+                     + (f" with replay-level sd {m.replay_sd:.3g} on {m.replay_sd_df} df" if m.replay_sd is not None
+                        else "") + f"; threshold {self.gate_ratio_threshold:.3g})")
         if m.power is not None:
             text += f", planned power {m.power:.0%}"
         failure = self.failure(regime)

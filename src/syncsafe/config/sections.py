@@ -333,6 +333,10 @@ class VllmReplay(Strict):
     #: this, `serving.real_evidence.controls_drift`) gets one more control per seed; still below with them, its
     #: seeds are left out of the evidence with the reason. A stationary server is left out at most this often.
     control_alpha: Annotated[float, Field(gt=0, lt=0.5)] = 0.01
+    #: The plan's prior for how much a whole replay's log p95 E2E wanders from replay to replay: the planned
+    #: gate power carries it, as the measured bounds carry the controls' own estimate
+    #: (`serving.gate.ReplayNoise`). 0.17: pooled over the controls of two cold cpu-default runs.
+    replay_sd: Annotated[float, Field(ge=0, le=2)] = 0.17
     #: Bootstrap resamples of each replay's p95 and SLO-rate interval.
     bootstrap_resamples: Annotated[int, Field(ge=100)] = 1000
     #: What runs beside the server during merge windows.

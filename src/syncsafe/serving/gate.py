@@ -19,6 +19,25 @@ bootstrap (per seed, blocks drawn with replacement). A resample that draws
 no row has no statistic: it counts *against* the bound being claimed (as 0
 for the lower bound, as infinity for the upper), never skipped.
 
+Replay-level noise. Resampling requests holds each replay's pace fixed at
+what it met, but a real server's pace wanders from replay to replay (two
+identical no-merge replays of one warmed server differ by 10-40 % in p95
+on 2 cores, benchmarks/bench_carryover.py), so two runs of one plan differ
+by more than those bounds. `ReplayNoise` estimates that wander from the
+no-sync controls: the pooled within-seed variance of their log p95. With
+it, every bootstrap resample also multiplies each replay's latencies by its
+own log-normal shock (rows carry their replays' ids), at an sd drawn from
+the pooled variance's sampling spread (scaled inverse chi-square on its
+degrees of freedom), so a regime with few controls gets bounds as wide as
+its one estimate of the wander is uncertain. The estimate also holds the
+controls' own per-request sampling noise, which the block bootstrap
+carries already: the bounds err wide, never narrow. (Subtracting a block
+bootstrap's variance of one control's p95 would over-correct: the controls
+replay the same arrivals, so the bursts a block bootstrap varies are
+common to all of them.) tests/unit/serving/test_gate_replay_noise.py
+simulates a wandering server: without the shocks the bounds miss the
+plan's typical gate ratio far above their 5 %, with them at most 5 %.
+
 Outcome against `threshold`: **passed** when the lower bound exceeds it,
 **failed** (decisively) when the upper bound is below it, else
 **inconclusive**. `gate_power` estimates, before any replay, the chance of
@@ -33,6 +52,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
+
+import math
 
 import numpy as np
 from scipy import stats
@@ -51,12 +72,14 @@ Outcome = Literal["passed", "failed", "inconclusive"]
 
 @dataclass(frozen=True)
 class GatePairs:
-    """Merge-active requests: E2E (ms) with merges, in the nearest and next-nearest no-sync control, and block."""
+    """Merge-active requests: E2E (ms) with merges, in the nearest and next-nearest no-sync control, and block;
+    `replay` (3 x rows, optional): the ids of the replays `mine`, `twin` and `other` were measured in."""
 
     mine: np.ndarray
     twin: np.ndarray
     other: np.ndarray
     block: np.ndarray
+    replay: np.ndarray | None = None
 
     @staticmethod
     def empty() -> GatePairs:
@@ -64,16 +87,53 @@ class GatePairs:
 
     @staticmethod
     def concat(parts: Sequence[GatePairs]) -> GatePairs:
+        """The rows of every part; replay ids only when every part has them."""
         if not parts:
             return GatePairs.empty()
-        return GatePairs(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("mine", "twin", "other", "block")))
+        arrays = (np.concatenate([getattr(p, f) for p in parts]) for f in ("mine", "twin", "other", "block"))
+        known = all(p.replay is not None for p in parts)
+        return GatePairs(*arrays, np.concatenate([p.replay for p in parts], axis=1) if known else None)
 
     def take(self, rows: np.ndarray) -> GatePairs:
-        return GatePairs(self.mine[rows], self.twin[rows], self.other[rows], self.block[rows])
+        return GatePairs(self.mine[rows], self.twin[rows], self.other[rows], self.block[rows],
+                         None if self.replay is None else self.replay[:, rows])
+
+    def scaled(self, factors: np.ndarray) -> GatePairs:
+        """Each series times its factor per row (`factors`: 3 x rows, for mine, twin, other)."""
+        return GatePairs(self.mine * factors[0], self.twin * factors[1], self.other * factors[2], self.block,
+                         self.replay)
 
     @property
     def size(self) -> int:
         return int(self.mine.size)
+
+
+@dataclass(frozen=True)
+class ReplayNoise:
+    """How much a whole replay's log p95 E2E wanders (module docstring): `var`, the pooled within-seed
+    variance of the no-sync controls' log p95, on `df` degrees of freedom."""
+
+    var: float
+    df: int
+
+    @property
+    def sd(self) -> float:
+        return math.sqrt(self.var)
+
+    def draw_sd(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """`n` draws of the replay-level sd through the pooled variance's sampling spread: var * df / chi2(df)."""
+        return np.sqrt(self.var * self.df / rng.chisquare(self.df, n))
+
+
+def replay_noise(controls: Sequence[Sequence[np.ndarray]]) -> ReplayNoise | None:
+    """The replay-level noise of the no-sync controls, given per seed each control's E2E (ms) of its measured
+    requests. None when no seed has two controls with requests."""
+    squares, df = 0.0, 0
+    for per_seed in controls:
+        logs = np.log([np.percentile(e2e, 95) for e2e in per_seed if e2e.size])
+        if logs.size >= 2:
+            squares, df = squares + float(((logs - logs.mean()) ** 2).sum()), df + logs.size - 1
+    return ReplayNoise(var=squares / df, df=df) if df else None
 
 
 def block_ids(seed_index: int, arrival_s: np.ndarray, block_s: float) -> np.ndarray:
@@ -104,30 +164,50 @@ def _gate_of(sync: float | None, drift: float | None) -> tuple[float | None, flo
     return sync, drift, sync / max(drift, 1.0 / drift)
 
 
-def bootstrap_gates(pairs: GatePairs, seed: int = 0, n_bootstrap: int = N_BOOTSTRAP) -> np.ndarray:
-    """The gate ratio of each block-bootstrap resample (NaN where a resample has no statistic)."""
+def _block_draws(block: np.ndarray, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(each row's block column, how often each of `n` resamples draws each block): each seed's blocks drawn
+    with replacement."""
+    blocks, inverse = np.unique(block, return_inverse=True)
+    seeds = blocks // BLOCK_STRIDE
+    counts = np.zeros(n * blocks.size, dtype=np.int64)
+    offsets = (np.arange(n) * blocks.size)[:, None]
+    for idx in (np.flatnonzero(seeds == s) for s in np.unique(seeds)):
+        drawn = idx[rng.integers(0, idx.size, (n, idx.size))]
+        counts += np.bincount((offsets + drawn).ravel(), minlength=counts.size)
+    return inverse, counts.reshape(n, blocks.size)
+
+
+def _replay_shocks(pairs: GatePairs, noise: ReplayNoise | None, rng: np.random.Generator, n: int
+                   ) -> np.ndarray | None:
+    """Per resample, each series' per-row factor exp(its replay's shock): (n, 3, rows); None without noise or
+    replay ids."""
+    if noise is None or pairs.replay is None or noise.df < 1:
+        return None
+    ids, column = np.unique(pairs.replay, return_inverse=True)
+    shocks = noise.draw_sd(rng, n)[:, None] * rng.standard_normal((n, ids.size))
+    return np.exp(shocks[:, column.reshape(pairs.replay.shape)])
+
+
+def bootstrap_gates(pairs: GatePairs, seed: int = 0, n_bootstrap: int = N_BOOTSTRAP,
+                    noise: ReplayNoise | None = None) -> np.ndarray:
+    """The gate ratio of each block-bootstrap resample (NaN where a resample has no statistic); with `noise`
+    and replay ids, each resample's replays also shocked (module docstring)."""
     if pairs.size == 0:
         return np.full(n_bootstrap, np.nan)
-    blocks, inverse = np.unique(pairs.block, return_inverse=True)
-    seeds = blocks // BLOCK_STRIDE
-    per_seed = [np.flatnonzero(seeds == s) for s in np.unique(seeds)]
     rng = np.random.default_rng([seed, 0x6A7E])
-    # how often each resample draws each block: blocks with replacement within each seed
-    counts = np.zeros(n_bootstrap * blocks.size, dtype=np.int64)
-    offsets = (np.arange(n_bootstrap) * blocks.size)[:, None]
-    for idx in per_seed:
-        drawn = idx[rng.integers(0, idx.size, (n_bootstrap, idx.size))]
-        counts += np.bincount((offsets + drawn).ravel(), minlength=counts.size)
-    taken = counts.reshape(n_bootstrap, blocks.size)
+    inverse, taken = _block_draws(pairs.block, rng, n_bootstrap)
+    factors = _replay_shocks(pairs, noise, rng, n_bootstrap)
     latencies = np.vstack([pairs.mine, pairs.twin, pairs.other])
     if bool(np.isfinite(latencies).all()):  # the common case: every latency measured
-        return np.concatenate([np.empty(0)] + [_gates_of_resamples(latencies, inverse, taken[i : i + _CHUNK])
-                                               for i in range(0, n_bootstrap, _CHUNK)])
+        return np.concatenate([np.empty(0)] + [
+            _gates_of_resamples(latencies if factors is None else latencies * factors[i : i + _CHUNK], inverse,
+                                taken[i : i + _CHUNK]) for i in range(0, n_bootstrap, _CHUNK)])
     out = np.full(n_bootstrap, np.nan)
     for b in range(n_bootstrap):
         rows = np.repeat(np.arange(pairs.size), taken[b][inverse])  # each row as often as its block was drawn
         if rows.size:
-            g = gate_statistic(pairs.take(rows))[2]
+            shocked = pairs if factors is None else pairs.scaled(factors[b])
+            g = gate_statistic(shocked.take(rows))[2]
             out[b] = np.nan if g is None else g
     return out
 
@@ -138,9 +218,11 @@ _CHUNK = 128
 
 def _gates_of_resamples(latencies: np.ndarray, inverse: np.ndarray, taken: np.ndarray) -> np.ndarray:
     """The gate ratio of each resample, every resample at once: resample r holds each row of block j
-    `taken[r, j]` times (`metrics.p95_of_resamples` per latency series)."""
+    `taken[r, j]` times (`metrics.p95_of_resamples` per latency series). `latencies`: (3, rows), or
+    (resamples, 3, rows) when each resample's latencies differ (replay-level shocks)."""
     weight = taken[:, inverse].astype(np.int32)  # counts of a few thousand rows at most: int32 sums are faster
-    mine, twin, other = (p95_of_resamples(series, weight) for series in latencies)  # NaN for an empty resample
+    series = latencies if latencies.ndim == 2 else np.moveaxis(latencies, 1, 0)
+    mine, twin, other = (p95_of_resamples(s, weight) for s in series)  # NaN for an empty resample
     out = np.full(len(taken), np.nan)
     with np.errstate(divide="ignore", invalid="ignore"):
         sync, drift = mine / twin, other / twin
@@ -150,11 +232,12 @@ def _gates_of_resamples(latencies: np.ndarray, inverse: np.ndarray, taken: np.nd
     return out
 
 
-def gate_bounds(pairs: GatePairs, seed: int = 0, n_bootstrap: int = N_BOOTSTRAP) -> tuple[float | None, float | None]:
-    """One-sided 95 % (lower, upper) bounds of the gate ratio; None without any row."""
+def gate_bounds(pairs: GatePairs, seed: int = 0, n_bootstrap: int = N_BOOTSTRAP, noise: ReplayNoise | None = None
+                ) -> tuple[float | None, float | None]:
+    """One-sided 95 % (lower, upper) bounds of the gate ratio (replays shocked by `noise`); None without rows."""
     if pairs.size == 0:
         return None, None
-    gates = bootstrap_gates(pairs, seed, n_bootstrap)
+    gates = bootstrap_gates(pairs, seed, n_bootstrap, noise)
     lower = np.quantile(np.where(np.isnan(gates), 0.0, gates), ALPHA, method="inverted_cdf")
     upper = np.quantile(np.where(np.isnan(gates), np.inf, gates), 1.0 - ALPHA, method="inverted_cdf")
     return (float(lower) if lower > 0 else None), (float(upper) if np.isfinite(upper) else None)
@@ -187,14 +270,15 @@ class GatePower:
 
 
 def gate_power(designs: Sequence[GatePairs], threshold: float, seed: int = 0, n_bootstrapped: int = 16,
-               n_bootstrap: int = 400) -> GatePower:
+               n_bootstrap: int = 400, noise: ReplayNoise | None = None) -> GatePower:
     """Power of the gate over synthetic realisations of one planned design (see the module docstring).
 
     Each element of `designs` is one noisy realisation of the planned pairs at
     the expected effect. Their log gate ratios give its mean and spread; the
     first `n_bootstrapped` are bootstrapped to find how far below the point
     estimate the lower bound sits (the `margin`). The gate passes when
-    `log gate - margin > log threshold`: `power = Phi((mean - margin - log threshold) / sd)`.
+    `log gate - margin > log threshold`: `power = Phi((mean - margin - log threshold) / sd)`. `noise`: the
+    replay-level noise the bounds will carry (the realisations should carry it too).
     """
     n_pairs = int(np.mean([p.size for p in designs])) if designs else 0
     logs = [np.log(g) for p in designs if (g := gate_statistic(p)[2]) is not None]
@@ -202,7 +286,7 @@ def gate_power(designs: Sequence[GatePairs], threshold: float, seed: int = 0, n_
         return GatePower(power=0.0, log_gate=float("nan"), sd=float("nan"), margin=float("nan"), n_pairs=n_pairs)
     margins = []
     for i, pairs in enumerate(designs[:n_bootstrapped]):
-        lower = np.quantile(np.nan_to_num(bootstrap_gates(pairs, seed + i, n_bootstrap), nan=0.0), ALPHA,
+        lower = np.quantile(np.nan_to_num(bootstrap_gates(pairs, seed + i, n_bootstrap, noise), nan=0.0), ALPHA,
                             method="inverted_cdf")
         margins.append(logs[i] - np.log(lower) if lower > 0 else np.inf)
     mean, sd, margin = float(np.mean(logs)), float(np.std(logs, ddof=1)), float(np.mean(margins))

@@ -226,21 +226,29 @@ def _p95(values_ms: np.ndarray) -> float | None:
 
 
 def p95_of_resamples(values_ms: np.ndarray, taken: np.ndarray) -> np.ndarray:
-    """p95 of each resample of the finite 1-D `values_ms`, where resample r holds value i `taken[r, i]`
-    times: equal to `np.percentile(np.repeat(values_ms, taken[r]), 95)` (its linear method, same arithmetic),
-    NaN for a resample that holds nothing. Every resample at once, from one sort: the two order statistics
-    the linear method reads are where the resample's cumulative counts over the sorted values pass their ranks
-    (the gate's block bootstrap evaluates thousands of resamples per plan)."""
+    """p95 of each resample of the finite `values_ms`, where resample r holds value i `taken[r, i]` times:
+    equal to `np.percentile(np.repeat(values_ms, taken[r]), 95)` (its linear method, same arithmetic), NaN
+    for a resample that holds nothing. Every resample at once: the two order statistics the linear method
+    reads are where the resample's cumulative counts over the sorted values pass their ranks (the gate's
+    block bootstrap evaluates thousands of resamples per plan). `values_ms` is 1-D (one sort serves every
+    resample) or one row of values per resample (2-D, as `taken`: the gate's resamples with replay-level
+    shocks)."""
     n = taken.sum(axis=1)
     index = (n - 1) * 0.95
     lo = np.floor(index).astype(np.int64)
     hi = np.minimum(lo + 1, n - 1)
     gamma = index - lo
-    order = np.argsort(values_ms, kind="stable")
-    cum = np.cumsum(taken[:, order], axis=1)
-    ranked = values_ms[order]
-    a = ranked[np.minimum((cum <= lo[:, None]).sum(axis=1), values_ms.size - 1)]
-    b = ranked[np.minimum((cum <= hi[:, None]).sum(axis=1), values_ms.size - 1)]
+    if values_ms.ndim == 1:
+        order = np.argsort(values_ms, kind="stable")
+        cum = np.cumsum(taken[:, order], axis=1)
+        ranked = np.broadcast_to(values_ms[order], taken.shape)
+    else:
+        order = np.argsort(values_ms, axis=1, kind="stable")
+        cum = np.cumsum(np.take_along_axis(taken, order, axis=1), axis=1)
+        ranked = np.take_along_axis(values_ms, order, axis=1)
+    last = taken.shape[1] - 1
+    a = np.take_along_axis(ranked, np.minimum((cum <= lo[:, None]).sum(axis=1), last)[:, None], axis=1)[:, 0]
+    b = np.take_along_axis(ranked, np.minimum((cum <= hi[:, None]).sum(axis=1), last)[:, None], axis=1)[:, 0]
     diff = b - a
     p95 = np.where(gamma >= 0.5, b - diff * (1.0 - gamma), a + diff * gamma)
     return np.where(n > 0, p95, np.nan)

@@ -9,8 +9,11 @@ iteration costs and the merge's compute share measured by the engine
 profile). That gives the merge-active requests the gate will see and their
 expected slowdown. Per-request noise comes from the noise probe of the
 capacity measurement (two identical no-merge probes): each synthetic
-realisation multiplies every latency by a draw of it. `gate.gate_power`
-turns the realisations into the chance that the gate passes.
+realisation multiplies every latency by a draw of it, and every replay's
+latencies by one replay-level shock at the planned `replay_sd`, the wander
+the gate's bounds will carry (`gate.ReplayNoise`, on the plan's control
+degrees of freedom). `gate.gate_power` turns the realisations into the
+chance that the gate passes.
 
 Sizing (`size_plans`), per regime on a grid of spans (quarter control
 cycles): the shortest span whose power reaches `power_target`, in which the
@@ -47,7 +50,7 @@ from syncsafe.control.serving_model import Calibration
 from syncsafe.errors import BadInput
 from syncsafe.schedules.action_space import ActionSpace
 from syncsafe.schedules.schedule import Schedule
-from syncsafe.serving.gate import GatePairs, GatePower, block_ids, gate_power, merge_active
+from syncsafe.serving.gate import GatePairs, GatePower, ReplayNoise, block_ids, gate_power, merge_active
 from syncsafe.serving.simulator import simulate_at_time_scale
 from syncsafe.schedules.span import placements_in_span, span_count
 from syncsafe.serving.vllm_plan import replays_per_seed, span_cadence, span_draws
@@ -91,6 +94,13 @@ class RegimeDesign:
     #: The request floor every planned replay must meet (see the module docstring).
     min_requests: int = 0
     min_merge_active: int = 0
+    #: The planned replay-level wander of log p95 (`replay.vllm.replay_sd`).
+    replay_sd: float = 0.0
+
+    def replay_noise(self) -> ReplayNoise | None:
+        """The noise the gate's bounds will carry: the planned wander on the planned controls' degrees of freedom."""
+        df = len(self.seeds) * (self.controls - 1)
+        return ReplayNoise(var=self.replay_sd**2, df=df) if self.replay_sd > 0 and df else None
 
 
 class PlanError(BadInput):
@@ -103,7 +113,8 @@ def _cut(schedule: Schedule, span_s: float) -> Schedule:
 
 def expected_pairs(design: RegimeDesign, controllers: list[str], span_s: float, draws: int) -> GatePairs:
     """Noise-free gate pairs of the planned replays: simulated latency with merges (`mine`) and without
-    (`twin`, also `other`), of the requests the gate will count as merge-active."""
+    (`twin`, also `other`), of the requests the gate will count as merge-active; replay ids per seed: its
+    two controls, then each replay with merges."""
     parts = []
     for index, seed in enumerate(design.seeds):
         requests = seed.requests[seed.requests["arrival_s"] < span_s].reset_index(drop=True)
@@ -115,30 +126,38 @@ def expected_pairs(design: RegimeDesign, controllers: list[str], span_s: float, 
         twin_e2e = twin["e2e_ms"].to_numpy(dtype=float)
         arrival = twin["arrival_s"].to_numpy(dtype=float)
         life_s = float(np.median(twin_e2e)) / 1000.0 * design.time_scale
-        for name in controllers:
-            controller = seed.controllers[name]
-            for schedule in [controller, *span_draws(controller, design.space, span_s, draws),
-                             span_cadence(controller, design.space, span_s)]:
-                active = merge_active(_cut(schedule, span_s), arrival, life_s)
-                if not active.any():
-                    continue
-                mine = sim(schedule)["e2e_ms"].to_numpy(dtype=float)
-                parts.append(GatePairs(mine[active], twin_e2e[active], twin_e2e[active],
-                                       block_ids(index, arrival[active], BLOCK_S)))
+        schedules = [s for name in controllers for s in [
+            seed.controllers[name], *span_draws(seed.controllers[name], design.space, span_s, draws),
+            span_cadence(seed.controllers[name], design.space, span_s)]]
+        for k, schedule in enumerate(schedules):
+            active = merge_active(_cut(schedule, span_s), arrival, life_s)
+            if not active.any():
+                continue
+            mine = sim(schedule)["e2e_ms"].to_numpy(dtype=float)
+            replay = np.array([2 + k, 0, 1]) + index * (2 + len(schedules))
+            parts.append(GatePairs(mine[active], twin_e2e[active], twin_e2e[active],
+                                   block_ids(index, arrival[active], BLOCK_S),
+                                   np.repeat(replay[:, None], int(active.sum()), axis=1)))
     return GatePairs.concat(parts)
 
 
-def realisations(pairs: GatePairs, noise_log_ratios: np.ndarray, n: int, seed: int) -> list[GatePairs]:
+def realisations(pairs: GatePairs, noise_log_ratios: np.ndarray, n: int, seed: int, replay_sd: float = 0.0
+                 ) -> list[GatePairs]:
     """`n` noisy copies of `pairs`: every latency times exp(a draw of the noise / sqrt 2), so that two
-    controls of the same request differ as the noise probe's two runs did."""
+    controls of the same request differ as the noise probe's two runs did, and (with replay ids) every
+    replay's latencies times exp(a normal shock of sd `replay_sd`)."""
     rng = np.random.default_rng([seed, 0x9A1E])
     noise = np.asarray(noise_log_ratios, dtype=float)
     if noise.size < 2:
         noise = rng.normal(0.0, DEFAULT_NOISE_SD * math.sqrt(2.0), 1000)
+    ids, column = (np.unique(pairs.replay, return_inverse=True) if pairs.replay is not None and replay_sd > 0
+                   else (np.empty(0), None))
     out = []
     for _ in range(n):
-        a, b, c = (np.exp(rng.choice(noise, pairs.size) / math.sqrt(2.0)) for _ in range(3))
-        out.append(GatePairs(pairs.mine * c, pairs.twin * a, pairs.other * b, pairs.block))
+        factors = np.exp(rng.choice(noise, (3, pairs.size))[[2, 0, 1]] / math.sqrt(2.0))  # twin, other, mine drawn
+        if column is not None:
+            factors *= np.exp(rng.normal(0.0, replay_sd, ids.size))[column.reshape(pairs.replay.shape)]
+        out.append(pairs.scaled(factors))
     return out
 
 
@@ -147,7 +166,9 @@ def plan_power(design: RegimeDesign, controllers: list[str], span_s: float, draw
     pairs = expected_pairs(design, controllers, span_s, draws)
     if pairs.size == 0:
         return GatePower(power=0.0, log_gate=float("nan"), sd=float("nan"), margin=float("nan"), n_pairs=0)
-    return gate_power(realisations(pairs, design.noise_log_ratios, REALISATIONS, seed=len(controllers)), threshold)
+    designs = realisations(pairs, design.noise_log_ratios, REALISATIONS, seed=len(controllers),
+                           replay_sd=design.replay_sd)
+    return gate_power(designs, threshold, noise=design.replay_noise())
 
 
 def wall_s(design: RegimeDesign, n_controllers: int, draws: int, span_s: float) -> float:

@@ -82,7 +82,7 @@ def plan_real_arm(params: Params, root: Path, index: pd.DataFrame, loads: dict[s
             regime=regime, seeds=[seed_inputs(root, index, regime, s, controllers) for s in fit + held],
             space=ActionSpace.of_params(params, regime), time_scale=load.time_scale, prior=prior,
             noise_log_ratios=np.asarray(load.noise_log_ratios), controls=cfg.no_sync_controls,
-            min_requests=cfg.min_requests, min_merge_active=cfg.min_merge_active,
+            min_requests=cfg.min_requests, min_merge_active=cfg.min_merge_active, replay_sd=cfg.replay_sd,
         )  # fmt: skip
     pinned_spans = {r: span for r in designs if (span := cfg.pinned_span_s(r)) is not None}
     sized = size_plans(designs, controllers, cfg.budget_s, threshold, cfg.power_target, cfg.draws, pinned_spans,

@@ -11,8 +11,11 @@ outcome: `syncsafe.serving.gate`):
   the seed's replay order (`twin`) and the next-nearest (`other`, the drift
   control): `sync = p95(mine) / p95(twin)`, `drift = p95(other) / p95(twin)`,
   `gate = sync / max(drift, 1 / drift)`;
-- block bootstrap over `block_s` trace seconds of arrivals: one-sided 95 %
-  lower and upper bounds. The gate *passes* when the lower bound exceeds the
+- block bootstrap over `block_s` trace seconds of arrivals, each resample's
+  replays also shocked by the wander of a whole replay's pace that the
+  seeds' no-sync controls show beyond their requests' sampling noise
+  (`replay_noise`, `gate.ReplayNoise`): one-sided 95 % lower and upper
+  bounds that two runs of one plan can agree within. The gate *passes* when the lower bound exceeds the
   threshold, *fails* (decisively) when the upper bound is below it, and is
   otherwise *inconclusive*: underpowered when the plan's power
   (`plan.json`) was below its target;
@@ -39,7 +42,15 @@ from syncsafe.analysis.calibration.records import (
     p95,
 )
 from syncsafe.analysis.evidence import MechanismEvidence, NoSyncSpread, RegimeMechanism
-from syncsafe.serving.gate import GatePairs, block_ids, gate_bounds, gate_statistic, merge_active
+from syncsafe.serving.gate import (
+    GatePairs,
+    ReplayNoise,
+    block_ids,
+    gate_bounds,
+    gate_statistic,
+    merge_active,
+    replay_noise,
+)
 from syncsafe.serving.metrics import derive_slo, p95_ratio, violation_mask
 from syncsafe.serving.vllm_plan import RealPlan
 
@@ -54,8 +65,10 @@ def nominal_life_s(control: ReplayRecord) -> float:
     return float(np.median(e2e)) / 1000.0 * control.time_scale if e2e.size else 0.0
 
 
-def _replay_pairs(rec: ReplayRecord, controls: list[ReplayRecord], seed_index: int, block_s: float) -> GatePairs:
-    """`rec`'s merge-active requests with its nearest and next-nearest control (NaN without a second)."""
+def _replay_pairs(rec: ReplayRecord, controls: list[ReplayRecord], seed_index: int, block_s: float,
+                  number: dict[str, int]) -> GatePairs:
+    """`rec`'s merge-active requests with its nearest and next-nearest control (NaN without a second);
+    `number`: each replay's id by name (-1 for a missing drift control)."""
     near = nearest_control_records(rec, controls)
     twin, other = near[0], (near[1] if len(near) > 1 else None)
     frames = [rec.by_id(), twin.by_id()] + ([other.by_id()] if other is not None else [])
@@ -67,7 +80,9 @@ def _replay_pairs(rec: ReplayRecord, controls: list[ReplayRecord], seed_index: i
     ids, arrival = ids[keep], arrival[keep]
     e2e = [f.loc[ids, "e2e_ms"].to_numpy(dtype=float) for f in frames]
     other_e2e = e2e[2] if other is not None else np.full(ids.size, np.nan)
-    return GatePairs(e2e[0], e2e[1], other_e2e, block_ids(seed_index, arrival, block_s))
+    replay = np.array([number[rec.name], number[twin.name], number[other.name] if other is not None else -1])
+    return GatePairs(e2e[0], e2e[1], other_e2e, block_ids(seed_index, arrival, block_s),
+                     np.repeat(replay[:, None], ids.size, axis=1))
 
 
 def active_pairs(records: Sequence[ReplayRecord], block_s: float = BLOCK_S) -> GatePairs:
@@ -77,8 +92,15 @@ def active_pairs(records: Sequence[ReplayRecord], block_s: float = BLOCK_S) -> G
     missing = sorted({r.key for r in records} - set(controls))
     if missing:
         no_sync_records(records)  # raises, naming the seeds without a no-sync replay
-    return GatePairs.concat([_replay_pairs(rec, controls[rec.key], seeds.index(rec.seed), block_s)
+    number = {rec.name: i for i, rec in enumerate(records)}
+    return GatePairs.concat([_replay_pairs(rec, controls[rec.key], seeds.index(rec.seed), block_s, number)
                              for rec in records if rec.has_merges and not rec.is_no_sync])
+
+
+def controls_noise(records: Sequence[ReplayRecord]) -> ReplayNoise | None:
+    """The wander of a whole replay's pace among each seed's no-sync controls (`gate.replay_noise`)."""
+    return replay_noise([[c.results["e2e_ms"].to_numpy(dtype=float)[ok_mask(c.results)] for c in controls]
+                         for _, controls in sorted(control_records(records).items())])
 
 
 def no_sync_spread(records: Sequence[ReplayRecord], slo_multiplier: float) -> list[NoSyncSpread]:
@@ -129,7 +151,8 @@ def regime_mechanism(records: Sequence[ReplayRecord], high_pressure: float, *, b
     sync, drift, gate = gate_statistic(pairs)
     if sync is None:
         return None
-    low, high = gate_bounds(pairs, seed, n_bootstrap) if gate is not None else (None, None)
+    noise = controls_noise(records)
+    low, high = gate_bounds(pairs, seed, n_bootstrap, noise) if gate is not None else (None, None)
     regime = records[0].regime
     planned = plan.regimes.get(regime) if plan is not None else None
     load = plan.loads.get(regime) if plan is not None else None
@@ -137,7 +160,8 @@ def regime_mechanism(records: Sequence[ReplayRecord], high_pressure: float, *, b
         sync_ratio_paired=sync, sync_ratio_unpaired=sync_ratio_unpaired(records),
         pressure_ratio=pressure_ratio(records, high_pressure), drift_ratio=drift, gate_ratio=gate,
         gate_ratio_ci_low=low, gate_ratio_ci_high=high, n_bootstrap=n_bootstrap if gate is not None else 0,
-        block_s=block_s, seeds=sorted({r.seed for r in records}),
+        block_s=block_s, replay_sd=noise.sd if noise is not None else None,
+        replay_sd_df=noise.df if noise is not None else None, seeds=sorted({r.seed for r in records}),
         n_requests=int(sum(len(r.results) for r in records if r.has_merges and not r.is_no_sync)),
         n_merge_active=pairs.size, n_controls=max(len(c) for c in control_records(records).values()),
         no_sync_spread=no_sync_spread(records, slo_multiplier),

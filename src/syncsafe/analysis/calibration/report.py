@@ -83,7 +83,9 @@ def render_fit_report(calibration: Calibration, diagnostics: Mapping[str, object
         "",
         "Merge-active: the request's arrival plus one nominal lifetime (the seed's first no-sync control's median "
         "E2E) overlaps a merge window. Each replay with merges is paired with its nearest no-sync control and "
-        "the next-nearest (drift). Gate: the block-bootstrap 95 % bounds of paired sync ratio / drift against "
+        "the next-nearest (drift). Gate: the block-bootstrap 95 % bounds of paired sync ratio / drift (each "
+        "resample's replays shocked by the replay-to-replay wander of the no-sync controls' p95, so two runs of "
+        "one plan can agree within them) against "
         f"{mechanism.gate_ratio_threshold:g}: passed when the lower bound is above it, failed (decisively) when "
         "the upper bound is below it, else inconclusive (underpowered when the plan's power missed its target).",
         "",
