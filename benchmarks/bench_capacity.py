@@ -27,9 +27,9 @@ import yaml
 from syncsafe.artifacts.traces import read_requests
 from syncsafe.config import Params, load_params
 from syncsafe.profiles import compose_file
-from syncsafe.serving.capacity import token_mix
-from syncsafe.serving.real_arm import open_arm
-from syncsafe.serving.server_profile import measure_capacity
+from syncsafe.realarm.capacity import token_mix
+from syncsafe.realarm.arm import open_arm
+from syncsafe.realarm.server_profile import measure_capacity
 from syncsafe.traces.stage import build_traces
 
 REPO = Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@ seed both after itself and after the other (A A B A B B A B), at the profile's p
 replay: the seed, what preceded it, E2E and TTFT p95, the decode pace and the prefix-cache hit rate over the
 replay (from the server's counters); then per setting the mean E2E p95 after the same seed and after the
 other, each seed's spread, and the noise floor's drift test of the replays over their positions
-(`real_evidence.controls_drift`). Each replay's requests are kept under `--root`. Results:
+(`evidence.controls_drift`). Each replay's requests are kept under `--root`. Results:
 evidence/2026-12-06-server-wandering.md.
 
     .venv/bin/python benchmarks/bench_carryover.py [--profile cpu] [--regime bursty] [--span-s 60]
@@ -35,9 +35,9 @@ from syncsafe.artifacts.traces import read_requests  # noqa: E402
 from syncsafe.control.live_signals import sum_samples  # noqa: E402
 from syncsafe.profiles import compose_file  # noqa: E402
 from syncsafe.serving.metrics import failed_mask  # noqa: E402
-from syncsafe.serving.real_arm import open_arm  # noqa: E402
-from syncsafe.serving.real_evidence import controls_drift  # noqa: E402
-from syncsafe.serving.warmup import decode_pace_ms  # noqa: E402
+from syncsafe.realarm.arm import open_arm  # noqa: E402
+from syncsafe.realarm.evidence import controls_drift  # noqa: E402
+from syncsafe.realarm.warmup import decode_pace_ms  # noqa: E402
 
 #: name -> server arguments added to the shipped ones (a flag given here replaces the shipped value).
 SETTINGS: dict[str, list[str]] = {

@@ -59,8 +59,8 @@ def prepare(root: Path, source: Path, regimes: list[str], seeds: list[int], poli
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     params = load_params(path)
     from syncsafe.diloco.launch import train_regime
-    from syncsafe.serving.vllm_plan import vllm_controllers, vllm_seeds
-    from syncsafe.serving.real_arm import served_model
+    from syncsafe.realarm.design import vllm_controllers, vllm_seeds
+    from syncsafe.realarm.arm import served_model
     from syncsafe.traces.stage import build_traces
 
     for regime in sorted({*regimes, *params.replay.vllm.regimes[:1]}):
@@ -100,7 +100,7 @@ def main() -> None:
     regimes = args.regime or ["bursty", "azure_conv"]
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     if not args.report_only:
-        from syncsafe.serving.live import run_live
+        from syncsafe.live.sidecar import run_live
 
         root.mkdir(parents=True, exist_ok=True)
         with open(root / "commands.txt", "a") as log:  # every run into this root, for the --out file

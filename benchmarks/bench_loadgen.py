@@ -31,7 +31,7 @@ from syncsafe.config import load_params  # noqa: E402
 from syncsafe.serving.interference import MergeInterference  # noqa: E402
 from syncsafe.serving.loadgen import replay_requests  # noqa: E402
 from syncsafe.serving.placement import CpuPlacement  # noqa: E402
-from syncsafe.serving.real_arm import build_untrained_model  # noqa: E402
+from syncsafe.realarm.arm import build_untrained_model  # noqa: E402
 from syncsafe.serving.vllm_server import VllmServer, resolve_python  # noqa: E402
 
 WINDOW_S, PERIOD_S = 8.0, 16.0

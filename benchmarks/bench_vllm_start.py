@@ -30,7 +30,7 @@ import yaml
 from syncsafe.config import load_params
 from syncsafe.profiles import compose_file
 from syncsafe.serving.placement import CpuPlacement
-from syncsafe.serving.real_arm import build_untrained_model
+from syncsafe.realarm.arm import build_untrained_model
 from syncsafe.serving.vllm_server import VllmServer, resolve_python
 
 REPO = Path(__file__).resolve().parents[1]

@@ -79,7 +79,7 @@ def test_gpu_profile_replay_of_an_absent_hub_model_exits_2_naming_it(tmp_path, m
     """The replay used to read the hub id as a local path (FileNotFoundError): now one line, exit 2."""
     from huggingface_hub import constants
 
-    from syncsafe.serving.real_arm import served_model
+    from syncsafe.realarm.arm import served_model
 
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
     raw = compose_file(REPO / "params.yaml", ["gpu"])

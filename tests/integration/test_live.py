@@ -20,7 +20,7 @@ from vllm_env import VLLM_PYTHON, eager, require_vllm_python
 from syncsafe import timebase
 from syncsafe.config import load_params
 from syncsafe.schedules.schedule import read_schedule
-from syncsafe.serving.live import condition_order, live_action_space, live_dir
+from syncsafe.live.sidecar import condition_order, live_action_space, live_dir
 from syncsafe.traces.stage import build_traces
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_server]
@@ -154,7 +154,7 @@ def server_stop_drill(root: Path, params_path: Path):
     from syncsafe.control.harness import ProgressModelLearners
     from syncsafe.control.live_signals import LiveSignals, SignalSettings, http_fetch
     from syncsafe.control.policies import PressureGate
-    from syncsafe.serving.real_arm import served_model
+    from syncsafe.realarm.arm import served_model
     from syncsafe.serving.vllm_server import VllmServer
 
     params = load_params(params_path)

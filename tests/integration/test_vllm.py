@@ -26,15 +26,15 @@ from syncsafe.config import load_params
 from syncsafe.schedules.schedule import read_schedule
 from syncsafe.schedules.stage import build_index, build_schedules
 from syncsafe.serving.placement import parse_cpu_list
-from syncsafe.serving.vllm_plan import check_span_budget
-from syncsafe.serving.capacity import CONFIRM_REPEATS
+from syncsafe.realarm.design import check_span_budget
+from syncsafe.realarm.capacity import CONFIRM_REPEATS
 from syncsafe.artifacts.calibration import read_server_profile
 from syncsafe.artifacts.schedule_sets import read_schedule_index
-from syncsafe.serving.engine_profile import ServerProfile
-from syncsafe.serving.real_arm import server_log_path
-from syncsafe.serving.real_plan import plan_real_arm
-from syncsafe.serving.server_profile import read_measured_server
-from syncsafe.serving.vllm_replay import replay_vllm
+from syncsafe.realarm.engine_profile import ServerProfile
+from syncsafe.realarm.arm import server_log_path
+from syncsafe.realarm.plan import plan_real_arm
+from syncsafe.realarm.server_profile import read_measured_server
+from syncsafe.realarm.replays import replay_vllm
 from syncsafe.serving.vllm_server import ServerError
 from syncsafe.traces.stage import build_traces
 

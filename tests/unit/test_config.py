@@ -118,7 +118,7 @@ def test_every_profile_composes_to_valid_params_labelled_by_its_overlays(repo_ro
 
 
 def test_the_three_sizes_pin_their_real_plans_and_powered_holds_the_papers_standard(repo_root):
-    from syncsafe.serving.vllm_plan import vllm_regimes, vllm_seed_split
+    from syncsafe.realarm.design import vllm_regimes, vllm_seed_split
 
     for name in ("cpu", "powered", "tiny"):
         p = parse_params(compose_file(repo_root / "params.yaml", [name]))

@@ -30,7 +30,7 @@ from syncsafe.control.types import ClockState, FleetSignals
 from syncsafe.errors import BadInput
 from syncsafe.pipeline.failures import fails_cleanly
 from syncsafe.procs import listening_socket, loopback_store, reap_scratch, redact, scratch_dir
-from syncsafe.serving.real_arm import MetricsScraper
+from syncsafe.realarm.arm import MetricsScraper
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -31,7 +31,7 @@ from syncsafe.control.live_signals import (
 )
 from syncsafe.control.policies import PressureGate
 from syncsafe.control.types import ClockState
-from syncsafe.serving.engine_profile import HISTOGRAMS
+from syncsafe.realarm.engine_profile import HISTOGRAMS
 
 BUSY = (FIXTURES / "vllm_metrics_busy.txt").read_text()
 IDLE = (FIXTURES / "vllm_metrics_idle.txt").read_text()

@@ -61,7 +61,7 @@ def test_the_dependency_walk_sees_function_level_imports_and_module_processes():
     # controller, the outer step) is reached through the process alone
     assert {"control/controller.py", "diloco/outer.py", "diloco/islands.py"} <= train
     live = {str(p.relative_to(PACKAGE)) for p in dvc_yaml.code_files(stage("live"), ROOT)}
-    assert "serving/live_islands.py" in live
+    assert "live/islands.py" in live
 
 
 def test_a_stage_runs_its_own_code_not_the_whole_package():
@@ -72,8 +72,17 @@ def test_a_stage_runs_its_own_code_not_the_whole_package():
         assert files < everything, name
         others = {f"pipeline/entries/{s.module.rsplit('.', 1)[1]}.py" for s in STAGES if s.name != name}
         assert not files & others, f"{name} imports other stages' entries: {files & others}"
-    assert not any(f.startswith(("analysis/", "serving/")) for f in closures["train"])
+    assert not any(f.startswith(("analysis/", "serving/", "realarm/", "live/")) for f in closures["train"])
     assert not any(f.startswith(("analysis/", "diloco/", "serving/")) for f in closures["traces"])
+
+
+def test_serving_is_below_the_real_arm_and_the_live_sidecar():
+    """serving/ (server, load generator, metrics, simulator) imports neither the real arm, nor the live
+    sidecar, nor training; the real arm imports no live sidecar."""
+    closure = lambda pkg: {str(p.relative_to(PACKAGE)) for p in reachable_files(sorted((PACKAGE / pkg).glob("*.py")))}  # noqa: E731
+    assert not {f for f in closure("serving") if f.startswith(("realarm/", "live/", "diloco/"))}
+    assert not {f for f in closure("realarm") if f.startswith("live/")}
+    assert "realarm/arm.py" in closure("live")  # the walk does follow the sidecar into the real arm
 
 
 def test_stage_order_follows_the_declared_inputs_and_outputs():

@@ -24,7 +24,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from syncsafe.config import FidelityTargets
-from syncsafe.serving.gate import Outcome, gate_outcome
+from syncsafe.realarm.gate import Outcome, gate_outcome
 
 DEFAULT_GATE_RATIO_THRESHOLD = 1.05
 
@@ -79,7 +79,7 @@ class RegimeMechanism(BaseModel):
     #: Length of the resampled blocks of consecutive arrivals (trace seconds).
     block_s: float | None = Field(default=None, gt=0)
     #: Wander of a whole replay's log p95 E2E, from the no-sync controls (pooled within-seed sd), and its degrees
-    #: of freedom: carried into the gate's bounds (`syncsafe.serving.gate.ReplayNoise`).
+    #: of freedom: carried into the gate's bounds (`syncsafe.realarm.gate.ReplayNoise`).
     replay_sd: float | None = Field(default=None, ge=0)
     replay_sd_df: int | None = Field(default=None, ge=1)
     backend: Literal["vllm"] = "vllm"
@@ -104,7 +104,7 @@ class RegimeMechanism(BaseModel):
         return _renamed(data, "sync_ratio", "sync_ratio_paired")
 
     def outcome(self, threshold: float) -> Outcome:
-        """passed / failed / inconclusive against `threshold` (`syncsafe.serving.gate.gate_outcome`)."""
+        """passed / failed / inconclusive against `threshold` (`syncsafe.realarm.gate.gate_outcome`)."""
         return gate_outcome(self.gate_ratio_ci_low, self.gate_ratio_ci_high, threshold)
 
     @property

@@ -1,7 +1,7 @@
 """The live section of the report: the controller as a sidecar on a real server, per seed.
 
 Reads `runs/live/index.csv` (written by `syncsafe live`, see
-`syncsafe.serving.live`): per regime and seed, four runs on the same
+`syncsafe.live.sidecar`): per regime and seed, four runs on the same
 arrivals, the live policy, its matched-random draw (same merge count, same
 action space, issued live), training without merges and no training.
 

@@ -42,7 +42,7 @@ from syncsafe.artifacts.layout import PathLike
 from syncsafe.artifacts.replay_sets import INDEX_COLUMNS, read_vllm_index
 from syncsafe.artifacts.reports import read_policy_table
 from syncsafe.config import FidelityTargets
-from syncsafe.serving.vllm_plan import RealPlan, RegimePlan
+from syncsafe.realarm.design import RealPlan, RegimePlan
 
 #: Time scales of the two plans may differ by this share (larger / smaller - 1).
 DEFAULT_TIME_SCALE_TOLERANCE = 0.10

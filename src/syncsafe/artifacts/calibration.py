@@ -7,7 +7,7 @@ runs/calibration/ (swapped in whole by the calibrate-fit stage):
 `fidelity.json` (`FidelityEvidence`), `fidelity.csv`, `cdf.png`, `report.md`.
 The models themselves live with the code that computes them
 (`syncsafe.control.serving_model`, `syncsafe.analysis.evidence`,
-`syncsafe.serving.engine_profile`); the readers here take the model class and
+`syncsafe.realarm.engine_profile`); the readers here take the model class and
 validate the file against it.
 """
 

@@ -1,4 +1,4 @@
-"""The live runs' index: one row per live run (`syncsafe.serving.live`), per seed and joined.
+"""The live runs' index: one row per live run (`syncsafe.live.sidecar`), per seed and joined.
 
 Each seed's runs are listed in `runs/live/<regime>/seed-<S>/index.csv`; `build_live_index` joins them into
 `runs/live/index.csv` (empty, with its columns, when live runs are switched off or none exist yet). Kept

@@ -32,7 +32,7 @@ def real_arm_plan(
     `replay.vllm` keys to pin it. Run it on the slowest machine the plan must hold on. Exit 2 names a missing
     profile or schedule index."""
     from syncsafe.config import load_params
-    from syncsafe.serving.real_plan import describe_plan, pinned_params, size_from_profile
+    from syncsafe.realarm.plan import describe_plan, pinned_params, size_from_profile
 
     plan = size_from_profile(load_params(params), root, budget_s)
     for line in describe_plan(plan):

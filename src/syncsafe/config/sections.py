@@ -258,7 +258,7 @@ class VllmReplay(Strict):
     """Replay against a real vLLM server: a plan pinned by params (or sized to the server, the budget and the
     gate's power where they leave it null), checked against the server profile.
 
-    See `syncsafe.serving.vllm_plan` (what is replayed), `.capacity` (the load) and `.plan_sizing` (the span).
+    See `syncsafe.realarm.design` (what is replayed), `.capacity` (the load) and `.plan_sizing` (the span).
     """
 
     enabled: bool = True
@@ -268,10 +268,10 @@ class VllmReplay(Strict):
     #: (`train.source`).
     model: str | None = None
     regimes: list[str] = Field(default_factory=lambda: ["bursty"], min_length=1)
-    #: Seeds to replay; null = the first two of `seeds` (one to fit, one held out: `vllm_plan.DEFAULT_N_SEEDS`).
+    #: Seeds to replay; null = the first two of `seeds` (one to fit, one held out: `design.DEFAULT_N_SEEDS`).
     seeds: list[int] | None = None
     #: Seeds the calibrate-fit stage fits the simulator on; null = half the replayed seeds, two at least once one
-    #: is left to hold out (`vllm_plan.default_fit_count`).
+    #: is left to hold out (`design.default_fit_count`).
     fit_seeds: list[int] | None = None
     #: Seeds the fidelity stage judges the simulator on (never fitted on); null = the other replayed seeds.
     held_out_seeds: list[int] | None = None
@@ -321,7 +321,7 @@ class VllmReplay(Strict):
     #: Trace seconds of the primary regime's first seed sent (and discarded) per warm-up probe; 0 = no warm-up.
     warmup_s: Annotated[float, Field(ge=0)] = 20.0
     #: The warm-up repeats its probe until the last `warmup_stable_probes` decode paces agree within this
-    #: share ((max - min) / median), or `warmup_max_s` wall seconds are spent (`syncsafe.serving.warmup`).
+    #: share ((max - min) / median), or `warmup_max_s` wall seconds are spent (`syncsafe.realarm.warmup`).
     warmup_tolerance: Annotated[float, Field(gt=0, lt=1)] = 0.05
     warmup_stable_probes: Annotated[int, Field(ge=2)] = 3
     warmup_max_s: Annotated[float, Field(ge=0)] = 90.0
@@ -330,12 +330,12 @@ class VllmReplay(Strict):
     min_requests: Annotated[int, Field(ge=1)] = 150
     min_merge_active: Annotated[int, Field(ge=0)] = 10
     #: Noise floor: a regime whose no-sync controls' p95 follows their replay order (the drift test's p below
-    #: this, `serving.real_evidence.controls_drift`) gets one more control per seed; still below with them, its
+    #: this, `realarm.evidence.controls_drift`) gets one more control per seed; still below with them, its
     #: seeds are left out of the evidence with the reason. A stationary server is left out at most this often.
     control_alpha: Annotated[float, Field(gt=0, lt=0.5)] = 0.01
     #: The plan's prior for how much a whole replay's log p95 E2E wanders from replay to replay: the planned
     #: gate power carries it, as the measured bounds carry the controls' own estimate
-    #: (`serving.gate.ReplayNoise`). 0.17: pooled over the controls of two cold cpu-default runs.
+    #: (`realarm.gate.ReplayNoise`). 0.17: pooled over the controls of two cold cpu-default runs.
     replay_sd: Annotated[float, Field(ge=0, le=2)] = 0.17
     #: Bootstrap resamples of each replay's p95 and SLO-rate interval.
     bootstrap_resamples: Annotated[int, Field(ge=100)] = 1000

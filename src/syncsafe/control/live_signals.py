@@ -73,8 +73,8 @@ def sum_samples(text: str, names: Iterable[str]) -> dict[str, float]:
     """The samples named `names` in a Prometheus text exposition, each summed over its label sets.
 
     The one exposition reader of the package (the live signals here, the
-    engine profile's histograms in `syncsafe.serving.engine_profile`, the
-    vLLM replay's gauges in `syncsafe.serving.vllm_replay`). It looks up
+    engine profile's histograms in `syncsafe.realarm.engine_profile`, the
+    vLLM replay's gauges in `syncsafe.realarm.replays`). It looks up
     only the named sample lines (`name value` or `name{labels} value`), so the
     cost grows with the lines it reads, not with the whole exposition; a name
     the text does not hold is absent from the result. Raises

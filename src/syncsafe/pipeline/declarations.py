@@ -150,7 +150,7 @@ STAGES: tuple[StageSpec, ...] = (
         queue="gpu",
         system_metrics=True,
         exclusive=True,
-        declared_wall="syncsafe.serving.vllm_plan:declared_profile_wall_s",
+        declared_wall="syncsafe.realarm.design:declared_profile_wall_s",
         notes=("measured once per machine and model, reused until these inputs change; re-profile on purpose",
                "with `syncsafe run --redo profile-vllm` (or `dvc repro --force profile-vllm`)"),
     ),
@@ -166,7 +166,7 @@ STAGES: tuple[StageSpec, ...] = (
         queue="gpu",
         system_metrics=True,
         exclusive=True,
-        declared_wall="syncsafe.serving.vllm_plan:declared_wall_s",
+        declared_wall="syncsafe.realarm.design:declared_wall_s",
     ),
     StageSpec(
         name="calibrate-fit",

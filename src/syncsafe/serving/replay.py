@@ -43,7 +43,6 @@ from syncsafe.artifacts.replay_sets import (
     write_set_index,
 )
 from syncsafe.artifacts.schedule_sets import read_set_index as read_schedule_set_index
-from syncsafe.artifacts.calibration import read_vllm_plan
 from syncsafe.artifacts.traces import read_requests, read_timeline
 from syncsafe.config import Params
 from syncsafe.schedules.action_space import ActionSpace
@@ -53,7 +52,6 @@ from syncsafe.control.serving_model import simulator_calibration
 from syncsafe.serving.metrics import REQUEST_RESULT_COLUMNS, SloSpec, derive_slo, summarize, violation_mask
 from syncsafe.serving.oracle import slo_oracle
 from syncsafe.serving.simulator import PressureLookup, simulate_at_time_scale
-from syncsafe.serving.vllm_plan import RealPlan
 
 REPLAY_SETS_DIR = layout.REPLAY_SETS
 REPLAY_INDEX = layout.REPLAY_INDEX
@@ -111,22 +109,16 @@ def write_replay(out: Path, results: pd.DataFrame, slo: SloSpec, params: Params,
 # --------------------------------------------------------------------------- simulator
 
 
-def simulator_time_scale(root: Path, regime: str) -> float:
-    """The time scale the real arm replayed `regime` at (its `plan.json`); 1, the trace as given, without one."""
-    plan = read_vllm_plan(root, RealPlan)
-    return plan.time_scale(regime) if plan is not None else 1.0
-
-
-def replay_simulator(params: Params, regime: str, root: Path = Path(".")) -> pd.DataFrame:
+def replay_simulator(params: Params, regime: str, root: Path = Path("."), time_scale: float = 1.0) -> pd.DataFrame:
     """Every schedule of `regime` through the simulator, plus each controller's SLO oracle; returns the set's index.
 
-    The load is the real arm's: trace time runs at the time scale its plan measured for the regime
-    (`simulator_time_scale`), latencies are wall milliseconds of that replay pace.
+    The load is the real arm's: trace time runs at `time_scale` (the stage passes the one the real arm's plan
+    replayed the regime at, `realarm.design.simulator_time_scale`), latencies are wall milliseconds of that
+    replay pace.
     """
     index = read_schedule_set_index(root, regime)
     calibration = simulator_calibration(params.replay.simulator.calibration, root)
     space = ActionSpace.of_params(params, regime)
-    time_scale = simulator_time_scale(root, regime)
     extra = {"backend": "simulator", "calibration": calibration.model_dump(), "time_scale": time_scale}
     rows: list[dict] = []
     n_controllers = int(index["source"].isin(CONTROLLER_SOURCES).sum())

@@ -34,7 +34,8 @@ from syncsafe.schedules.schedule import Schedule
 from syncsafe.schedules.stage import run_harness
 from syncsafe.serving.metrics import SloSpec, violation_mask
 from syncsafe.serving.oracle import slo_oracle
-from syncsafe.serving.replay import resolve_slo, simulator_time_scale
+from syncsafe.realarm.design import simulator_time_scale
+from syncsafe.serving.replay import resolve_slo
 from syncsafe.serving.simulator import simulate_at_time_scale
 
 #: A gap below this many violated requests leaves gap closed undefined (as the protocol's floor).

@@ -34,9 +34,9 @@ from syncsafe.schedules.schedule import Schedule, write_schedule
 from syncsafe.control.serving_model import Calibration, load_calibration
 from syncsafe.serving.metrics import derive_slo, summarize
 from syncsafe.config import max_num_seqs
-from syncsafe.serving.engine_profile import ProbeRow, ServerProfile
+from syncsafe.realarm.engine_profile import ProbeRow, ServerProfile
 from syncsafe.serving.simulator import simulate_replay
-from syncsafe.serving.vllm_plan import RealPlan
+from syncsafe.realarm.design import RealPlan
 
 REGIME = "bursty"
 TIME_SCALE = 4.0

@@ -26,7 +26,7 @@ from syncsafe.control.types import FleetSignals
 from syncsafe.schedules.schedule import Schedule
 from syncsafe.serving.metrics import derive_slo
 from syncsafe.serving.simulator import WorkClock, simulate_replay
-from syncsafe.serving.warmup import decode_pace_ms
+from syncsafe.realarm.warmup import decode_pace_ms
 from test_calibrate import (
     REGIME,
     SPAN_S,

@@ -23,7 +23,7 @@ from syncsafe.artifacts.calibration import write_model
 from syncsafe.artifacts.replay_sets import write_set_index
 from syncsafe.artifacts.reports import CONTRACT_COLUMNS
 from syncsafe.cli import app
-from syncsafe.serving.vllm_plan import RealPlan, RegimePlan
+from syncsafe.realarm.design import RealPlan, RegimePlan
 
 REGIME = "bursty"
 PRIMARY = "wa_diloco"

@@ -4,7 +4,7 @@ Wall time throughout (`records.simulate_record`). Every fit seed given is
 used, and every no-sync control of each (the first and the repeats), so
 warm-up drift between replays averages out instead of one control deciding.
 
-1. **Profile** (`profile_prior`, from `syncsafe.serving.engine_profile`): the decode
+1. **Profile** (`profile_prior`, from `syncsafe.realarm.engine_profile`): the decode
    probes' mean inter-token latency at `n` sequences in flight is one
    iteration of a batch of `n`, so a least-squares line through them gives
    `iter_base_ms` (intercept) and `decode_ms_per_seq` (slope); the prefill
@@ -73,8 +73,8 @@ from syncsafe.analysis.calibration.records import (
     simulate_record,
 )
 from syncsafe.control.serving_model import MAX_MERGE_SHARE, Calibration
-from syncsafe.serving.engine_profile import ServerProfile, profile_prior
-from syncsafe.serving.gate import merge_active
+from syncsafe.realarm.engine_profile import ServerProfile, profile_prior
+from syncsafe.realarm.gate import merge_active
 from syncsafe.serving.metrics import derive_slo, violation_mask
 
 #: Fewest no-sync requests the replay step accepts.

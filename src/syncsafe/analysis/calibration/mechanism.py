@@ -1,7 +1,7 @@
 """The mechanism gate: do merges slow the real server, beyond how much its no-merge replays differ?
 
 Per regime, pooled over the replayed seeds (the statistic, its bounds and
-outcome: `syncsafe.serving.gate`):
+outcome: `syncsafe.realarm.gate`):
 
 - *merge-active* requests of a replay with merges are those whose arrival
   plus one nominal lifetime (the seed's first no-sync control's median E2E)
@@ -42,7 +42,7 @@ from syncsafe.analysis.calibration.records import (
     p95,
 )
 from syncsafe.analysis.evidence import MechanismEvidence, NoSyncSpread, RegimeMechanism
-from syncsafe.serving.gate import (
+from syncsafe.realarm.gate import (
     GatePairs,
     ReplayNoise,
     block_ids,
@@ -52,7 +52,7 @@ from syncsafe.serving.gate import (
     replay_noise,
 )
 from syncsafe.serving.metrics import derive_slo, p95_ratio, violation_mask
-from syncsafe.serving.vllm_plan import RealPlan
+from syncsafe.realarm.design import RealPlan
 
 #: Bootstrap resamples and block length of the gate's interval.
 N_BOOTSTRAP = 1000

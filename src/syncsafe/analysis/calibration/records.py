@@ -45,13 +45,13 @@ from syncsafe.schedules.schedule import Schedule, read_schedule
 from syncsafe.control.serving_model import Calibration
 from syncsafe.serving.metrics import REQUEST_RESULT_COLUMNS, SloSpec, failed_mask, require_columns
 from syncsafe.serving.simulator import simulate_at_time_scale
-from syncsafe.serving.vllm_plan import nearest_controls
+from syncsafe.realarm.design import nearest_controls
 
 VLLM_SET = layout.VLLM_SET
 VLLM_INDEX = layout.VLLM_INDEX
 #: The later no-sync controls of each seed (same columns as the index).
 VLLM_REPEATS = layout.VLLM_REPEATS
-#: The engine profile the profile-vllm stage writes (`syncsafe.serving.engine_profile`).
+#: The engine profile the profile-vllm stage writes (`syncsafe.realarm.engine_profile`).
 VLLM_PROFILE = layout.VLLM_PROFILE
 #: Summary key of a replay that loaded the server with the timeline's inference pressure (absent: it did not).
 PRESSURE_APPLIED_KEY = "inference_pressure_applied"

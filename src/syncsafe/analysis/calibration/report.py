@@ -4,7 +4,7 @@
 residuals of every fit replay (p95 E2E and SLO rate, simulated vs real) and
 the mechanism gate. `pace_figure` (`runs/calibration/pace.png`) plots each
 real replay's no-merge decode pace (median of (E2E - TTFT) / (tokens - 1)
-over its requests with `merge_active` false, `serving.warmup.decode_pace_ms`)
+over its requests with `merge_active` false, `realarm.warmup.decode_pace_ms`)
 against its position in its seed's replay order, coloured by seed, one panel
 per regime: warm-up drift shows as a trend along the order, a seed whose
 controls disagree as a spread in one colour.
@@ -27,7 +27,7 @@ from syncsafe.analysis.figures import write_png
 from syncsafe.analysis.report import markdown_table
 from syncsafe.control.serving_model import Calibration
 from syncsafe.io import atomic_path
-from syncsafe.serving.warmup import decode_pace_ms
+from syncsafe.realarm.warmup import decode_pace_ms
 
 #: The pace figure's file in runs/calibration/.
 PACE_FIGURE_FILE = "pace.png"

@@ -51,8 +51,8 @@ from syncsafe.artifacts.calibration import (
 from syncsafe.artifacts.replay_sets import read_set_index, read_summary
 from syncsafe.config import Params, max_num_seqs
 from syncsafe.control.serving_model import Calibration, simulator_calibration
-from syncsafe.serving.engine_profile import ServerProfile
-from syncsafe.serving.vllm_plan import RealPlan, vllm_seed_split
+from syncsafe.realarm.engine_profile import ServerProfile
+from syncsafe.realarm.design import RealPlan, vllm_seed_split
 
 CALIBRATION_DIR = layout.CALIBRATION
 FIDELITY_DIR = layout.FIDELITY

@@ -25,7 +25,7 @@ def run(params: Params, root: Path, regime: str, params_path: Path, *, policy: s
             raise ConfigError(f"--seed {value}: not in seeds ({params.seeds})")
     # imported here: the live runner pulls in torch, transformers and the islands, which the stage switched
     # off (`off`, the cpu default) does not need (about 8 s of imports per stage process)
-    from syncsafe.serving.live import run_live
+    from syncsafe.live.sidecar import run_live
 
     index = run_live(params, params_path, regime, name, chosen, root)
     return f"live {regime}: {len(index)} runs in runs/live/index.csv"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from syncsafe.config import Params
-from syncsafe.serving.server_profile import profile_vllm
+from syncsafe.realarm.server_profile import profile_vllm
 
 
 def run(params: Params, root: Path, regime: None, params_path: Path) -> str:

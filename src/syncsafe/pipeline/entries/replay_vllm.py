@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from syncsafe.config import Params
-from syncsafe.serving.vllm_replay import replay_vllm
+from syncsafe.realarm.replays import replay_vllm
 
 
 def run(params: Params, root: Path, regime: None, params_path: Path) -> str:

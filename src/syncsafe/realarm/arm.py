@@ -37,16 +37,16 @@ from syncsafe.schedules.action_space import ActionSpace
 from syncsafe.schedules.schedule import Schedule, read_schedule, write_schedule
 from syncsafe.schedules.span import span_count
 from syncsafe.serving.busy import ForeignCpu, ForeignCpuMonitor
-from syncsafe.serving.engine_profile import ServerProfile, profile_server
+from syncsafe.realarm.engine_profile import ServerProfile, profile_server
 from syncsafe.serving.interference import MergeInterference
 from syncsafe.serving.loadgen import replay_requests
 from syncsafe.serving.metrics import replay_validity
 from syncsafe.serving.placement import CpuPlacement
-from syncsafe.serving.real_evidence import overload_reason
+from syncsafe.realarm.evidence import overload_reason
 from syncsafe.serving.replay import replay_path, request_results, wall_windows
-from syncsafe.serving.vllm_plan import RegimePlan, block_order, check_span_budget, span_cadence, span_draws, vllm_regimes
+from syncsafe.realarm.design import RegimePlan, block_order, check_span_budget, span_cadence, span_draws, vllm_regimes
 from syncsafe.serving.vllm_server import ServerError, VllmServer, resolve_python
-from syncsafe.serving.warmup import WarmupRecord, decode_pace_ms, warm_until_stable
+from syncsafe.realarm.warmup import WarmupRecord, decode_pace_ms, warm_until_stable
 
 #: Gauges scraped from /metrics (summed over label sets).
 GAUGES = {
@@ -122,7 +122,7 @@ def served_model(params: Params, root: Path) -> Path | str:
     starts from (`train.source`: hub = train.hub.model; builtin = a locally built untrained tiny model).
     Hub ids resolve through the local Hugging Face cache."""
     from syncsafe.diloco.hub import resolve_model
-    from syncsafe.serving.vllm_plan import vllm_controllers, vllm_seeds
+    from syncsafe.realarm.design import vllm_controllers, vllm_seeds
 
     cfg = params.replay.vllm
     if cfg.model:
@@ -165,7 +165,7 @@ class PlannedReplay:
     out: Path
     control: int | None
     position: int
-    #: Its block of the randomised block order (`vllm_plan.block_order`); an added control: a block of its own.
+    #: Its block of the randomised block order (`design.block_order`); an added control: a block of its own.
     block: int
 
 
@@ -211,7 +211,7 @@ class RealArm:
 
     def warm_up(self) -> WarmupRecord | None:
         """First requests hit cold code paths and the server speeds up for minutes: a slice of real load,
-        discarded, sent until the decode pace is stable (`syncsafe.serving.warmup`); None when switched off."""
+        discarded, sent until the decode pace is stable (`syncsafe.realarm.warmup`); None when switched off."""
         cfg = self.cfg
         now = timebase.now()  # the workers may still be starting: one short window before anything is timed
         self.work.submit([(now, now + 0.1)])

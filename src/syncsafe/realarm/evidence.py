@@ -9,7 +9,7 @@
   one warmed server spread 10-44 % in p95 E2E (benchmarks/bench_carryover.py;
   the pace wanders in spells of 10-20 wall seconds, as long as a burst,
   whose p95 it then sets), far beyond their requests' sampling noise. The
-  randomised block order (`vllm_plan.block_order`) makes such wandering
+  randomised block order (`design.block_order`) makes such wandering
   noise for every comparison, and the gate judges merges against the
   controls' own disagreement (`gate`); what order cannot make harmless is a
   server that drifts over the run (still warming, slowed by what ran
@@ -26,7 +26,7 @@
   below, its seeds are left out with the reason (their replays are marked
   invalid, so nothing downstream counts them). The false leave-out rate is
   at most `control_alpha` under any stationary server, wandering in long
-  spells or not (tests/unit/serving/test_control_noise.py checks it, shows
+  spells or not (tests/unit/realarm/test_control_noise.py checks it, shows
   the replaced block-permutation test leaving out such servers far above
   its alpha, and that a drifting server is caught). Few controls cannot
   show a drift: the test states the smallest p its design can reach

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from syncsafe.serving.engine_profile import HISTOGRAMS, histogram_mean, parse_metrics
+from syncsafe.realarm.engine_profile import HISTOGRAMS, histogram_mean, parse_metrics
 
 #: /metrics of the vLLM 0.32 CPU server right after the profile's last probe (recorded by the replay-vllm stage).
 RECORDED = Path(__file__).resolve().parents[2] / "fixtures" / "vllm_metrics_profile.txt"

@@ -2,7 +2,7 @@
 
 The plan comes first and touches no server: it is sized from params and the
 server profile (`server_profile`, the profile-vllm stage) by
-`real_plan.plan_real_arm`, written to `plan.json` and printed. Then one
+`plan.plan_real_arm`, written to `plan.json` and printed. Then one
 server serves the whole stage run, with the merge work beside it on the
 same CPUs and the client (this process) on CPUs of its own (`real_arm`):
 
@@ -10,11 +10,11 @@ same CPUs and the client (this process) on CPUs of its own (`real_arm`):
    the first replays do not meet a slower server than the last;
 2. the replays: per regime and seed, the no-sync controls interleaved with
    the controllers, their span-matched draws and span cadences, in
-   randomised blocks across seeds (`vllm_plan.block_order`); each one taken
+   randomised blocks across seeds (`design.block_order`); each one taken
    by `RealArm.replay` (busy machine, failures, late client, failing
    scraper, or a control overloaded against the profile's light-load TTFT
    bound: invalid);
-3. the checks of `real_evidence`: a regime whose controls drift with the
+3. the checks of `evidence`: a regime whose controls drift with the
    replay order gets one more control per seed, then its seeds are left
    out; every replay is
    written with its seed's SLO pooled from all its controls, with bootstrap
@@ -36,14 +36,14 @@ from syncsafe.artifacts.calibration import model_json, read_server_profile
 from syncsafe.artifacts.schedule_sets import read_schedule_index
 from syncsafe.artifacts.traces import read_requests, read_timeline
 from syncsafe.config import Params
-from syncsafe.serving.engine_profile import ServerProfile
+from syncsafe.realarm.engine_profile import ServerProfile
 from syncsafe.serving.placement import CpuPlacement
-from syncsafe.serving.real_arm import Measured, PhaseClock, PlannedReplay, RealArm, open_arm
-from syncsafe.serving.real_evidence import ControlTest, control_spread, controls_drift, pooled_slo, replay_intervals
-from syncsafe.serving.real_plan import describe_plan, plan_real_arm
+from syncsafe.realarm.arm import Measured, PhaseClock, PlannedReplay, RealArm, open_arm
+from syncsafe.realarm.evidence import ControlTest, control_spread, controls_drift, pooled_slo, replay_intervals
+from syncsafe.realarm.plan import describe_plan, plan_real_arm
 from syncsafe.serving.replay import index_row, write_replay, write_set_index
-from syncsafe.serving.server_profile import read_measured_server
-from syncsafe.serving.vllm_plan import RealPlan
+from syncsafe.realarm.server_profile import read_measured_server
+from syncsafe.realarm.design import RealPlan
 
 
 def replay_vllm(params: Params, root: Path = Path(".")) -> pd.DataFrame:
@@ -83,7 +83,7 @@ def replay_vllm(params: Params, root: Path = Path(".")) -> pd.DataFrame:
 
 
 def replay_regime(arm: RealArm, plan: RealPlan, regime: str, items: list[PlannedReplay], bar: tqdm) -> list[Measured]:
-    """The regime's planned replays in order, then the noise floor (`real_evidence.controls_drift`): when the
+    """The regime's planned replays in order, then the noise floor (`evidence.controls_drift`): when the
     controls' p95 follows the replay order (p < `control_alpha`) every seed gets one more control, and the
     regime's seeds are left out (every replay marked invalid, with the reason) when the test with them still
     says so."""

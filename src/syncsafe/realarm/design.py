@@ -8,7 +8,7 @@ Per regime of `replay.vllm.regimes` (`RegimePlan`, all of them in
   `held_out_seeds` (the fidelity stage), never overlapping.
 - **Controllers**: the declared primary (`analysis.primary.policy`) first,
   then `replay.vllm.policies` in their order, as far as the budget allows
-  (`syncsafe.serving.plan_sizing`).
+  (`syncsafe.realarm.sizing`).
 - **Span**: every replay covers trace seconds [0, span_s); each controller's
   `draws` matched-random draws are drawn from its action space with its
   merge count *and* its count inside the span (`syncsafe.schedules.span`),
@@ -16,7 +16,7 @@ Per regime of `replay.vllm.regimes` (`RegimePlan`, all of them in
   them.
 - **Load**: trace time runs `time_scale` times faster than wall time, set
   from the server's measured capacity so that the busiest window runs at
-  `target_utilisation` (`syncsafe.serving.capacity`); the simulator replays
+  `target_utilisation` (`syncsafe.realarm.capacity`); the simulator replays
   of the regime run at the same time scale.
 - **References in the span**: per controller, its span-matched draws and
   one evenly spaced schedule with the same counts (`span_cadence`), so the
@@ -34,18 +34,21 @@ Per regime of `replay.vllm.regimes` (`RegimePlan`, all of them in
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
-from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from syncsafe.artifacts.calibration import read_vllm_plan
 from syncsafe.config import Params
 from syncsafe.schedules.action_space import ActionSpace
 from syncsafe.schedules.schedule import Schedule
 from syncsafe.schedules.span import SpanCount, even_in_span, sample_in_span, span_count
-from syncsafe.serving.capacity import RegimeLoad
-from syncsafe.serving.warmup import WarmupRecord
+from syncsafe.realarm.capacity import RegimeLoad
+from syncsafe.realarm.warmup import WarmupRecord
 from syncsafe.traces.timeline import regime_rng
 
 #: Seeds replayed when replay.vllm.seeds is null: one to fit, one held out (`default_fit_count`): the default
@@ -101,7 +104,7 @@ class RealPlan(BaseModel):
     #: Regimes of `replay.vllm.regimes` the plan does not replay, and why (the budget, no informative span).
     left_out: dict[str, str] = Field(default_factory=dict)
     notes: list[str] = Field(default_factory=list)
-    #: What the warm-up before the plan measured (`syncsafe.serving.warmup`); None when switched off.
+    #: What the warm-up before the plan measured (`syncsafe.realarm.warmup`); None when switched off.
     warmup: WarmupRecord | None = None
 
     def time_scale(self, regime: str) -> float:
@@ -241,3 +244,10 @@ def nearest_controls(position: int, control_positions: dict[int, int]) -> list[i
 __all__ = ["DEFAULT_N_SEEDS", "declared_profile_wall_s", "declared_wall_s", "OrderedReplay", "RealPlan", "RegimePlan", "SpanCount", "block_order",
            "check_span_budget", "nearest_controls", "replays_per_seed", "span_cadence", "span_draws",
            "vllm_controllers", "vllm_regimes", "vllm_seed_split", "vllm_seeds"]
+
+
+def simulator_time_scale(root: Path, regime: str) -> float:
+    """The time scale the real arm replayed `regime` at (its `plan.json`): the simulator replays the regime at
+    the same load; 1, the trace as given, without a plan."""
+    plan = read_vllm_plan(root, RealPlan)
+    return plan.time_scale(regime) if plan is not None else 1.0

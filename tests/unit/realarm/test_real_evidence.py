@@ -8,8 +8,8 @@ import pytest
 
 from syncsafe.config import parse_params
 from syncsafe.serving.metrics import derive_slo
-from syncsafe.serving.real_evidence import control_spread, overload_reason, pooled_slo, replay_intervals
-from syncsafe.serving.warmup import decode_pace_ms, pace_is_stable, warm_until_stable
+from syncsafe.realarm.evidence import control_spread, overload_reason, pooled_slo, replay_intervals
+from syncsafe.realarm.warmup import decode_pace_ms, pace_is_stable, warm_until_stable
 
 
 def table(e2e: np.ndarray, ttft: np.ndarray | None = None, tokens: int = 25) -> pd.DataFrame:

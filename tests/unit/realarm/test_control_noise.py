@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from syncsafe.serving import real_evidence
-from syncsafe.serving.real_evidence import EXACT_ARRANGEMENTS, control_spread, controls_drift, drift_min_p
+from syncsafe.realarm import evidence as real_evidence
+from syncsafe.realarm.evidence import EXACT_ARRANGEMENTS, control_spread, controls_drift, drift_min_p
 
 ALPHA = 0.05
 SIMULATIONS = 200

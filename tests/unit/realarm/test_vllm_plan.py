@@ -10,7 +10,7 @@ from syncsafe.config import ConfigError, parse_params
 from syncsafe.schedules.action_space import ActionSpace
 from syncsafe.schedules.schedule import Schedule
 from syncsafe.schedules.span import span_count
-from syncsafe.serving.vllm_plan import (
+from syncsafe.realarm.design import (
     check_span_budget,
     block_order,
     default_fit_count,

@@ -67,10 +67,10 @@ from syncsafe.schedules.action_space import ActionSpace
 from syncsafe.schedules.schedule import Schedule, write_schedule
 from syncsafe.control.serving_model import policy_calibration
 from syncsafe.serving.interference import MergeInterference
-from syncsafe.serving.live_islands import IslandGroup, LiveLearners, cpu_world
+from syncsafe.live.islands import IslandGroup, LiveLearners, cpu_world
 from syncsafe.serving.loadgen import replay_requests
 from syncsafe.serving.replay import request_results, resolve_slo, write_replay
-from syncsafe.serving.real_arm import model_facts, served_model
+from syncsafe.realarm.arm import model_facts, served_model
 from syncsafe.serving.vllm_server import VllmServer, resolve_python
 
 LEAD_S = 2.0

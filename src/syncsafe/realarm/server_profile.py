@@ -19,7 +19,7 @@ profile-vllm`, or `dvc repro --force profile-vllm`). In one server run:
 
 `server.json` (`MeasuredServer`) holds the loads, the warm-up and what was
 served; `replay-vllm` plans from it as a pure function
-(`real_plan.plan_real_arm`) and checks every control's load against its
+(`plan.plan_real_arm`) and checks every control's load against its
 regime's light-load TTFT bound instead of re-planning.
 """
 
@@ -41,7 +41,7 @@ from syncsafe.artifacts.calibration import model_json
 from syncsafe.artifacts.traces import read_requests
 from syncsafe.config import Params
 from syncsafe.errors import BadInput
-from syncsafe.serving.capacity import (
+from syncsafe.realarm.capacity import (
     CapacityProbe,
     RegimeLoad,
     check_capacity,
@@ -52,10 +52,10 @@ from syncsafe.serving.capacity import (
     search_capacity,
     token_mix,
 )
-from syncsafe.serving.engine_profile import ServerProfile
-from syncsafe.serving.real_arm import PhaseClock, RealArm, open_arm, served_model
-from syncsafe.serving.vllm_plan import vllm_regimes
-from syncsafe.serving.warmup import WarmupRecord
+from syncsafe.realarm.engine_profile import ServerProfile
+from syncsafe.realarm.arm import PhaseClock, RealArm, open_arm, served_model
+from syncsafe.realarm.design import vllm_regimes
+from syncsafe.realarm.warmup import WarmupRecord
 
 #: A guess of the capacity (requests/s) when there is no engine profile to guess from.
 DEFAULT_FIRST_GUESS_RPS = 4.0
@@ -115,7 +115,7 @@ class MeasuredCapacity:
 
 def measure_capacity(params: Params, mix: pd.DataFrame, profile: ServerProfile | None, arm: RealArm,
                      required_rps: float | None = None) -> MeasuredCapacity:
-    """The capacity for the token mix `mix` (`syncsafe.serving.capacity`): with `required_rps` (a pinned plan's
+    """The capacity for the token mix `mix` (`syncsafe.realarm.capacity`): with `required_rps` (a pinned plan's
     need) the check at that rate, falling back to the search when it does not hold; else the search, then its
     confirmation."""
     cfg = params.replay.vllm
@@ -133,7 +133,7 @@ def measure_capacity(params: Params, mix: pd.DataFrame, profile: ServerProfile |
 
 
 def measure_load(params: Params, root: Path, regime: str, profile: ServerProfile | None, arm: RealArm) -> RegimeLoad:
-    """The regime's capacity, time scale and noise probe on the real server (`syncsafe.serving.capacity`)."""
+    """The regime's capacity, time scale and noise probe on the real server (`syncsafe.realarm.capacity`)."""
     cfg = params.replay.vllm
     tables = [read_requests(root, regime, seed) for seed in params.seeds]
     mix = token_mix(tables)

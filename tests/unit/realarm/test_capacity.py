@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from syncsafe.serving.capacity import (
+from syncsafe.realarm.capacity import (
     MAX_PROBES,
     MIN_PROBE_REQUESTS,
     CONFIRM_REPEATS,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from syncsafe.serving.real_arm import GAUGES, parse_gauges
+from syncsafe.realarm.arm import GAUGES, parse_gauges
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 

@@ -13,12 +13,12 @@ from syncsafe.artifacts.schedule_sets import read_schedule_index
 from syncsafe.config import load_params
 from syncsafe.errors import BadInput
 from syncsafe.schedules.stage import build_index, build_schedules
-from syncsafe.serving.capacity import TIME_SCALE_GRID, CapacityProbe, RegimeLoad, coarse_time_scale, load_scale
-from syncsafe.serving.capacity import LoadError, holdable_time_scale, load_shape
-from syncsafe.serving.real_plan import plan_real_arm
-from syncsafe.serving.server_profile import MeasuredServer, model_name, read_measured_server
-from syncsafe.serving.vllm_plan import vllm_regimes
-from syncsafe.serving.vllm_replay import replay_vllm
+from syncsafe.realarm.capacity import TIME_SCALE_GRID, CapacityProbe, RegimeLoad, coarse_time_scale, load_scale
+from syncsafe.realarm.capacity import LoadError, holdable_time_scale, load_shape
+from syncsafe.realarm.plan import plan_real_arm
+from syncsafe.realarm.server_profile import MeasuredServer, model_name, read_measured_server
+from syncsafe.realarm.design import vllm_regimes
+from syncsafe.realarm.replays import replay_vllm
 from syncsafe.artifacts.traces import read_requests
 from syncsafe.traces.stage import build_traces
 
@@ -123,7 +123,7 @@ def test_a_profile_of_another_model_or_load_target_is_refused_with_the_stage_to_
     root, params = project
     with pytest.raises(BadInput, match=r"runs/server-profile/server\.json.*profile-vllm"):
         read_measured_server(params, tmp_path)  # none written
-    from syncsafe.serving.real_arm import served_model
+    from syncsafe.realarm.arm import served_model
 
     model = model_name(served_model(params, tmp_path), tmp_path)
     loads = {r: measured_load(params, root, r, 40.0) for r in vllm_regimes(params)}
@@ -152,7 +152,7 @@ def test_real_arm_plan_sizes_what_to_pin_from_a_profile_and_a_budget(project):
     from typer.testing import CliRunner
 
     from syncsafe.cli import app
-    from syncsafe.serving.real_plan import pinned_params, size_from_profile
+    from syncsafe.realarm.plan import pinned_params, size_from_profile
 
     root, params = project
     checked = {r: measured_load(params, root, r, 40.0) for r in vllm_regimes(params)}  # the tiny pin, checked
@@ -178,6 +178,6 @@ def test_real_arm_plan_sizes_what_to_pin_from_a_profile_and_a_budget(project):
 
 
 def load_shape_of(load: RegimeLoad):
-    from syncsafe.serving.capacity import LoadShape
+    from syncsafe.realarm.capacity import LoadShape
 
     return LoadShape(load.peak_rate, load.median_rate)

@@ -34,7 +34,7 @@ controls' own per-request sampling noise, which the block bootstrap
 carries already: the bounds err wide, never narrow. (Subtracting a block
 bootstrap's variance of one control's p95 would over-correct: the controls
 replay the same arrivals, so the bursts a block bootstrap varies are
-common to all of them.) tests/unit/serving/test_gate_replay_noise.py
+common to all of them.) tests/unit/realarm/test_gate_replay_noise.py
 simulates a wandering server: without the shocks the bounds miss the
 plan's typical gate ratio far above their 5 %, with them at most 5 %.
 
@@ -178,14 +178,13 @@ def _block_draws(block: np.ndarray, rng: np.random.Generator, n: int) -> tuple[n
 
 
 def _replay_shocks(pairs: GatePairs, noise: ReplayNoise | None, rng: np.random.Generator, n: int
-                   ) -> np.ndarray | None:
-    """Per resample, each series' per-row factor exp(its replay's shock): (n, 3, rows); None without noise or
-    replay ids."""
+                   ) -> tuple[np.ndarray, np.ndarray] | None:
+    """Each resample's log shock per replay (n x replays), and each row's replay column per series (3 x rows):
+    resample r multiplies series k's row i by exp(shocks[r, column[k, i]]). None without noise or replay ids."""
     if noise is None or pairs.replay is None or noise.df < 1:
         return None
     ids, column = np.unique(pairs.replay, return_inverse=True)
-    shocks = noise.draw_sd(rng, n)[:, None] * rng.standard_normal((n, ids.size))
-    return np.exp(shocks[:, column.reshape(pairs.replay.shape)])
+    return noise.draw_sd(rng, n)[:, None] * rng.standard_normal((n, ids.size)), column.reshape(pairs.replay.shape)
 
 
 def bootstrap_gates(pairs: GatePairs, seed: int = 0, n_bootstrap: int = N_BOOTSTRAP,
@@ -196,17 +195,19 @@ def bootstrap_gates(pairs: GatePairs, seed: int = 0, n_bootstrap: int = N_BOOTST
         return np.full(n_bootstrap, np.nan)
     rng = np.random.default_rng([seed, 0x6A7E])
     inverse, taken = _block_draws(pairs.block, rng, n_bootstrap)
-    factors = _replay_shocks(pairs, noise, rng, n_bootstrap)
+    shocks = _replay_shocks(pairs, noise, rng, n_bootstrap)
     latencies = np.vstack([pairs.mine, pairs.twin, pairs.other])
     if bool(np.isfinite(latencies).all()):  # the common case: every latency measured
-        return np.concatenate([np.empty(0)] + [
-            _gates_of_resamples(latencies if factors is None else latencies * factors[i : i + _CHUNK], inverse,
-                                taken[i : i + _CHUNK]) for i in range(0, n_bootstrap, _CHUNK)])
+        chunks = []
+        for i in range(0, n_bootstrap, _CHUNK):
+            shocked = latencies if shocks is None else latencies * np.exp(shocks[0][i : i + _CHUNK][:, shocks[1]])
+            chunks.append(_gates_of_resamples(shocked, inverse, taken[i : i + _CHUNK]))
+        return np.concatenate(chunks)
     out = np.full(n_bootstrap, np.nan)
     for b in range(n_bootstrap):
         rows = np.repeat(np.arange(pairs.size), taken[b][inverse])  # each row as often as its block was drawn
         if rows.size:
-            shocked = pairs if factors is None else pairs.scaled(factors[b])
+            shocked = pairs if shocks is None else pairs.scaled(np.exp(shocks[0][b][shocks[1]]))
             g = gate_statistic(shocked.take(rows))[2]
             out[b] = np.nan if g is None else g
     return out

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from syncsafe.schedules.schedule import Schedule
-from syncsafe.serving.gate import (
+from syncsafe.realarm.gate import (
     GatePairs,
     bootstrap_gates,
     gate_bounds,

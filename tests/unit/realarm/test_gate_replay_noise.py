@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from syncsafe.serving.gate import (
+from syncsafe.realarm.gate import (
     BLOCK_STRIDE,
     GatePairs,
     _block_draws,
@@ -131,7 +131,7 @@ def test_the_vectorised_shocked_bootstrap_is_its_row_by_row_definition():
     noise = replay_noise(controls)
     rng = np.random.default_rng([2, 0x6A7E])
     inverse, taken = _block_draws(pairs.block, rng, 60)
-    factors = _replay_shocks(pairs, noise, rng, 60)
-    plain = [gate_statistic(pairs.scaled(factors[b]).take(np.repeat(np.arange(pairs.size), taken[b][inverse])))[2]
-             for b in range(60)]
+    shocks, column = _replay_shocks(pairs, noise, rng, 60)
+    plain = [gate_statistic(pairs.scaled(np.exp(shocks[b][column]))
+                            .take(np.repeat(np.arange(pairs.size), taken[b][inverse])))[2] for b in range(60)]
     assert np.allclose(bootstrap_gates(pairs, 2, 60, noise), np.array(plain, dtype=float), rtol=1e-12)

@@ -1,7 +1,7 @@
 """The real DiLoCo islands of a live run, with the sidecar as rank 0.
 
 `IslandGroup` starts `train.islands - 1` follower processes
-(`python -m syncsafe.serving.live_islands`, the training islands' `follow`
+(`python -m syncsafe.live.islands`, the training islands' `follow`
 loop) and joins them as rank 0 in the sidecar's own process, so the
 controller that drives rank 0 (`DistributedLearners`) runs beside the
 scraper of the server's `/metrics`. The group is the one training uses:
@@ -141,7 +141,7 @@ class IslandGroup:
         for rank in range(1, self.size):
             env = {**os.environ, **LOOPBACK_ENV, "RANK": str(rank), "WORLD_SIZE": str(self.size),
                    "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
-            cmd = [sys.executable, "-m", "syncsafe.serving.live_islands", "--params", str(self.params_path),
+            cmd = [sys.executable, "-m", "syncsafe.live.islands", "--params", str(self.params_path),
                    "--root", str(self.root), "--seed", str(self.seed), "--run-dir", str(self.run_dir)]
             log = logs / f"island-{rank}.log"
             with open(log, "w") as fh:
@@ -196,7 +196,7 @@ class IslandGroup:
 
 def main(argv: list[str] | None = None) -> int:
     """A follower island of a live run: train and merge on rank 0's commands until told to stop."""
-    ap = argparse.ArgumentParser(prog="python -m syncsafe.serving.live_islands")
+    ap = argparse.ArgumentParser(prog="python -m syncsafe.live.islands")
     ap.add_argument("--params", type=Path, required=True)
     ap.add_argument("--root", type=Path, default=Path("."))
     ap.add_argument("--seed", type=int, required=True)

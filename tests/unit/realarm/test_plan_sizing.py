@@ -12,7 +12,7 @@ from syncsafe.control.serving_model import Calibration
 from syncsafe.schedules.action_space import ActionSpace
 from syncsafe.schedules.schedule import Schedule
 from syncsafe.schedules.span import span_count
-from syncsafe.serving.plan_sizing import (
+from syncsafe.realarm.sizing import (
     PlanError,
     RegimeDesign,
     SeedInputs,

@@ -29,7 +29,7 @@ cannot measure it), with as many draws as fit; then the controllers of
 `replay.vllm.policies`, in order, while the budget allows a span where each
 of them is informative and meets the request floor too; what is left of the
 budget then lengthens every span alike. The first regime is the declared
-primary's (`vllm_plan.vllm_regimes`): when it has a powered span that the
+primary's (`design.vllm_regimes`): when it has a powered span that the
 budget cannot pay for, sizing fails (`PlanError`, naming the budget it
 needs) instead of planning without it. When no regime can be powered, the
 first regime alone gets the longest informative span the budget allows, and
@@ -50,10 +50,10 @@ from syncsafe.control.serving_model import Calibration
 from syncsafe.errors import BadInput
 from syncsafe.schedules.action_space import ActionSpace
 from syncsafe.schedules.schedule import Schedule
-from syncsafe.serving.gate import GatePairs, GatePower, ReplayNoise, block_ids, gate_power, merge_active
+from syncsafe.realarm.gate import GatePairs, GatePower, ReplayNoise, block_ids, gate_power, merge_active
 from syncsafe.serving.simulator import simulate_at_time_scale
 from syncsafe.schedules.span import placements_in_span, span_count
-from syncsafe.serving.vllm_plan import replays_per_seed, span_cadence, span_draws
+from syncsafe.realarm.design import replays_per_seed, span_cadence, span_draws
 
 #: Wall seconds a replay takes beyond its span: the lead before the first arrival, the drain after the last.
 OVERHEAD_S = 1.25

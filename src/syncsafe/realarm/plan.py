@@ -1,14 +1,14 @@
 """Size the real arm's plan from params and the server profile (before any replay): a pure function.
 
 For every regime of `replay.vllm.regimes`, the declared primary's first
-(`vllm_plan.vllm_regimes`), the server profile (`server_profile`, its own
+(`design.vllm_regimes`), the server profile (`server_profile`, its own
 stage) holds the measured load: the capacity's lower bound for the regime's
 token mix, the time scale, and the noise probe. Where params pin the time
 scale and span (`replay.vllm.time_scale`, `span_s`: the default), the plan
 is the same on every machine and the profile only checks it: a capacity
 that cannot hold the pinned time scale at the target utilisation is refused
 here too, before any replay (`check_pinned_load`). The plan
-(`syncsafe.serving.plan_sizing`) comes from those loads, the planned seeds'
+(`syncsafe.realarm.sizing`) comes from those loads, the planned seeds'
 requests, timelines and controller schedules, and the engine profile's
 iteration costs and merge share; nothing here touches the server, so the
 same params and profile give the same plan. The result is the `RealPlan`
@@ -29,11 +29,11 @@ from syncsafe.control.serving_model import Calibration
 from syncsafe.errors import BadInput
 from syncsafe.schedules.action_space import ActionSpace
 from syncsafe.schedules.schedule import read_schedule
-from syncsafe.serving.capacity import LoadShape, RegimeLoad, load_scale
-from syncsafe.serving.engine_profile import ServerProfile, profile_prior
-from syncsafe.serving.plan_sizing import RegimeDesign, SeedInputs, size_plans
-from syncsafe.serving.real_evidence import drift_min_p
-from syncsafe.serving.vllm_plan import RealPlan, RegimePlan, vllm_controllers, vllm_regimes, vllm_seed_split
+from syncsafe.realarm.capacity import LoadShape, RegimeLoad, load_scale
+from syncsafe.realarm.engine_profile import ServerProfile, profile_prior
+from syncsafe.realarm.sizing import RegimeDesign, SeedInputs, size_plans
+from syncsafe.realarm.evidence import drift_min_p
+from syncsafe.realarm.design import RealPlan, RegimePlan, vllm_controllers, vllm_regimes, vllm_seed_split
 
 def seed_inputs(root: Path, index: pd.DataFrame, regime: str, seed: int, controllers: list[str]) -> SeedInputs:
     """The planned seed's requests, timeline, controller schedules and no-sync schedule."""
@@ -103,7 +103,7 @@ def plan_real_arm(params: Params, root: Path, index: pd.DataFrame, loads: dict[s
 
 def describe_plan(plan: RealPlan) -> list[str]:
     """One line per regime: load, span, what is replayed, the gate's planned power, and the smallest p its
-    controls' drift test can reach (`real_evidence.controls_drift`: not below control_alpha, no drift can be
+    controls' drift test can reach (`evidence.controls_drift`: not below control_alpha, no drift can be
     shown)."""
     lines = []
     for regime, p in plan.regimes.items():
@@ -133,7 +133,7 @@ def size_from_profile(params: Params, root: Path, budget_s: float | None = None)
     from syncsafe.artifacts.base import read_model
     from syncsafe.artifacts.calibration import read_server_profile
     from syncsafe.artifacts.schedule_sets import read_schedule_index
-    from syncsafe.serving.server_profile import HINT, MeasuredServer
+    from syncsafe.realarm.server_profile import HINT, MeasuredServer
 
     cfg = params.replay.vllm
     unpinned = cfg.model_copy(update={"time_scale": None, "span_s": None, "budget_s": budget_s or cfg.budget_s})
