@@ -258,7 +258,7 @@ class VllmReplay(Strict):
     """Replay against a real vLLM server: a plan pinned by params (or sized to the server, the budget and the
     gate's power where they leave it null), checked against the server profile.
 
-    See `syncsafe.realarm.design` (what is replayed), `.capacity` (the load) and `.plan_sizing` (the span).
+    See `syncsafe.realarm.design` (what is replayed), `.capacity` (the load) and `.sizing` (the span).
     """
 
     enabled: bool = True

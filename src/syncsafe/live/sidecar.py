@@ -7,7 +7,7 @@ seed's requests over the first `live.duration_s` trace seconds, sent open
 loop by the load generator, trace time running `live.time_scale` times
 faster than wall time):
 
-- the live policy: real DiLoCo islands (`live_islands`) whose merges the
+- the live policy: real DiLoCo islands (`islands`) whose merges the
   policy gates every control cycle on the wall clock, seeing only the
   server's live `/metrics` (`syncsafe.control.live_signals`); when the
   server is unhealthy or `/metrics` unreachable it takes the safe action

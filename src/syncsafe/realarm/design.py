@@ -241,13 +241,13 @@ def nearest_controls(position: int, control_positions: dict[int, int]) -> list[i
     return sorted(control_positions, key=lambda c: (abs(control_positions[c] - position), control_positions[c]))
 
 
-__all__ = ["DEFAULT_N_SEEDS", "declared_profile_wall_s", "declared_wall_s", "OrderedReplay", "RealPlan", "RegimePlan", "SpanCount", "block_order",
-           "check_span_budget", "nearest_controls", "replays_per_seed", "span_cadence", "span_draws",
-           "vllm_controllers", "vllm_regimes", "vllm_seed_split", "vllm_seeds"]
-
-
 def simulator_time_scale(root: Path, regime: str) -> float:
     """The time scale the real arm replayed `regime` at (its `plan.json`): the simulator replays the regime at
     the same load; 1, the trace as given, without a plan."""
     plan = read_vllm_plan(root, RealPlan)
     return plan.time_scale(regime) if plan is not None else 1.0
+
+
+__all__ = ["DEFAULT_N_SEEDS", "declared_profile_wall_s", "declared_wall_s", "OrderedReplay", "RealPlan", "RegimePlan", "SpanCount", "block_order",
+           "check_span_budget", "nearest_controls", "replays_per_seed", "simulator_time_scale", "span_cadence",
+           "span_draws", "vllm_controllers", "vllm_regimes", "vllm_seed_split", "vllm_seeds"]

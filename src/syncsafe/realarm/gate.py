@@ -41,10 +41,11 @@ plan's typical gate ratio far above their 5 %, with them at most 5 %.
 Outcome against `threshold`: **passed** when the lower bound exceeds it,
 **failed** (decisively) when the upper bound is below it, else
 **inconclusive**. `gate_power` estimates, before any replay, the chance of
-*passed* for a planned design: synthetic pairs of the planned size at the
-expected effect (`mine = twin * effect * noise`), normal approximation on
-the log scale with the bootstrap's standard error:
-`power = Phi((E log gate - log threshold) / se - z_0.95)`.
+*passed* for a planned design: synthetic realisations of the planned pairs
+at the expected effect (`mine = twin * effect * noise`), normal
+approximation on the log scale: the realisations' log gate ratios give a
+mean and sd, their bootstraps how far the lower bound sits below the
+estimate (`margin`): `power = Phi((mean - margin - log threshold) / sd)`.
 """
 
 from __future__ import annotations
@@ -87,12 +88,16 @@ class GatePairs:
 
     @staticmethod
     def concat(parts: Sequence[GatePairs]) -> GatePairs:
-        """The rows of every part; replay ids only when every part has them."""
+        """The rows of every part, with their replay ids when the parts with rows have them (a mix is an error:
+        dropping the ids would drop the replay-level shocks of the bounds)."""
         if not parts:
             return GatePairs.empty()
-        arrays = (np.concatenate([getattr(p, f) for p in parts]) for f in ("mine", "twin", "other", "block"))
-        known = all(p.replay is not None for p in parts)
-        return GatePairs(*arrays, np.concatenate([p.replay for p in parts], axis=1) if known else None)
+        arrays = [np.concatenate([getattr(p, f) for p in parts]) for f in ("mine", "twin", "other", "block")]
+        ids = [p.replay for p in parts if p.size]
+        if any(i is None for i in ids) and any(i is not None for i in ids):
+            raise ValueError("gate pairs mix parts with and without replay ids")
+        known = bool(ids) and all(i is not None for i in ids)
+        return GatePairs(*arrays, np.concatenate(ids, axis=1) if known else None)
 
     def take(self, rows: np.ndarray) -> GatePairs:
         return GatePairs(self.mine[rows], self.twin[rows], self.other[rows], self.block[rows],
@@ -202,7 +207,7 @@ def bootstrap_gates(pairs: GatePairs, seed: int = 0, n_bootstrap: int = N_BOOTST
         for i in range(0, n_bootstrap, _CHUNK):
             shocked = latencies if shocks is None else latencies * np.exp(shocks[0][i : i + _CHUNK][:, shocks[1]])
             chunks.append(_gates_of_resamples(shocked, inverse, taken[i : i + _CHUNK]))
-        return np.concatenate(chunks)
+        return np.concatenate([np.empty(0), *chunks])
     out = np.full(n_bootstrap, np.nan)
     for b in range(n_bootstrap):
         rows = np.repeat(np.arange(pairs.size), taken[b][inverse])  # each row as often as its block was drawn

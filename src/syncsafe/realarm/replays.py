@@ -4,7 +4,7 @@ The plan comes first and touches no server: it is sized from params and the
 server profile (`server_profile`, the profile-vllm stage) by
 `plan.plan_real_arm`, written to `plan.json` and printed. Then one
 server serves the whole stage run, with the merge work beside it on the
-same CPUs and the client (this process) on CPUs of its own (`real_arm`):
+same CPUs and the client (this process) on CPUs of its own (`arm`):
 
 1. warm-up (discarded) until the decode pace is stable (`warmup`), so that
    the first replays do not meet a slower server than the last;

@@ -109,7 +109,7 @@ def write_replay(out: Path, results: pd.DataFrame, slo: SloSpec, params: Params,
 # --------------------------------------------------------------------------- simulator
 
 
-def replay_simulator(params: Params, regime: str, root: Path = Path("."), time_scale: float = 1.0) -> pd.DataFrame:
+def replay_simulator(params: Params, regime: str, root: Path, *, time_scale: float) -> pd.DataFrame:
     """Every schedule of `regime` through the simulator, plus each controller's SLO oracle; returns the set's index.
 
     The load is the real arm's: trace time runs at `time_scale` (the stage passes the one the real arm's plan

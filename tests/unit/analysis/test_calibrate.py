@@ -20,7 +20,7 @@ import pytest
 from syncsafe import io
 from syncsafe.analysis.calibration.fidelity import fidelity_evidence
 from syncsafe.analysis.calibration.fit import fit_calibration, profile_prior
-from syncsafe.analysis.calibration.mechanism import active_pairs, mechanism_evidence, regime_mechanism
+from syncsafe.analysis.calibration.mechanism import active_pairs, controls_noise, mechanism_evidence, regime_mechanism
 from syncsafe.analysis.calibration.records import (
     CalibrationInputError,
     ReplayRecord,
@@ -255,6 +255,15 @@ def test_each_replay_is_paired_with_its_nearest_controls_in_replay_order():
         assert pairs.size > 0
         assert np.isin(np.round(pairs.twin / twin, 6), np.round(no_merge["e2e_ms"].to_numpy(), 6)).all()
         assert np.allclose(pairs.other / pairs.twin, other / twin)
+        # each row names the replays it was measured in: the replay, its twin, its drift control
+        names = [first.name, *(c.name for c in controls), rec.name]
+        twin_name, other_name = (controls[1].name, controls[0].name) if rec is late else (first.name, controls[0].name)
+        assert {tuple(col) for col in pairs.replay.T} == {(names.index(rec.name), names.index(twin_name),
+                                                          names.index(other_name))}
+    # the replay-level noise: the controls' pooled log p95 variance (here one seed: 1, 1.1, 1.2 times one p95)
+    noise = controls_noise([first, *controls, late])
+    assert noise is not None and noise.df == 2
+    assert noise.var == pytest.approx(np.var(np.log([1.0, 1.1, 1.2]), ddof=1))
 
 
 def test_the_gate_passes_with_drift_controls_and_a_real_effect(records):

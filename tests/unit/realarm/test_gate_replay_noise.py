@@ -18,7 +18,6 @@ from syncsafe.realarm.gate import (
     BLOCK_STRIDE,
     GatePairs,
     _block_draws,
-    _replay_shocks,
     bootstrap_gates,
     gate_bounds,
     gate_outcome,
@@ -125,13 +124,28 @@ def test_without_replay_ids_or_noise_the_bootstrap_is_unchanged_and_with_them_it
 
 
 def test_the_vectorised_shocked_bootstrap_is_its_row_by_row_definition():
-    """Each resample: its blocks' rows, every latency times its replay's shock, the statistic of
-    `gate_statistic` (the path the bootstrap takes when a latency is not measured)."""
+    """Each resample: its blocks' rows, every latency times exp(its own replay's shock), the statistic of
+    `gate_statistic`; the shocks drawn here by their definition (an sd per resample, then one normal per
+    replay id in sorted order), over more resamples than one vectorised chunk."""
     pairs, controls = simulated_run(np.random.default_rng(8), 0.17, seeds=1, merges=2, active=30)
     noise = replay_noise(controls)
+    n = 300
     rng = np.random.default_rng([2, 0x6A7E])
-    inverse, taken = _block_draws(pairs.block, rng, 60)
-    shocks, column = _replay_shocks(pairs, noise, rng, 60)
-    plain = [gate_statistic(pairs.scaled(np.exp(shocks[b][column]))
-                            .take(np.repeat(np.arange(pairs.size), taken[b][inverse])))[2] for b in range(60)]
-    assert np.allclose(bootstrap_gates(pairs, 2, 60, noise), np.array(plain, dtype=float), rtol=1e-12)
+    inverse, taken = _block_draws(pairs.block, rng, n)
+    ids = sorted(set(pairs.replay.ravel().tolist()))
+    sd = np.sqrt(noise.var * noise.df / rng.chisquare(noise.df, n))
+    shock = sd[:, None] * rng.standard_normal((n, len(ids)))
+    column = np.vectorize({rid: k for k, rid in enumerate(ids)}.get)(pairs.replay)
+    plain = [gate_statistic(pairs.scaled(np.exp(shock[b][column]))
+                            .take(np.repeat(np.arange(pairs.size), taken[b][inverse])))[2] for b in range(n)]
+    assert np.allclose(bootstrap_gates(pairs, 2, n, noise), np.array(plain, dtype=float), rtol=1e-12)
+    # a replay that is one row's twin and another's drift control meets the same shock in both
+    assert set(pairs.replay[1]) & set(pairs.replay[2])
+
+
+def test_gate_pairs_with_and_without_replay_ids_do_not_mix():
+    pairs, _ = simulated_run(np.random.default_rng(4), 0.1, seeds=1, merges=1, active=10)
+    bare = GatePairs(pairs.mine, pairs.twin, pairs.other, pairs.block)
+    with pytest.raises(ValueError, match="replay ids"):
+        GatePairs.concat([pairs, bare])
+    assert GatePairs.concat([pairs, GatePairs.empty()]).replay.shape == (3, pairs.size)  # no rows: nothing to mix

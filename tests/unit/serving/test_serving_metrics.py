@@ -120,3 +120,7 @@ def test_p95_of_resamples_is_numpys_percentile_exactly(n):
     expected = [np.percentile(np.repeat(values, row), 95) if row.sum() else np.nan for row in taken]
     assert np.array_equal(p95, expected, equal_nan=True)
     assert np.isnan(p95[-1])  # a resample that holds nothing has no p95
+    # one row of values per resample (the gate's replay-level shocks): each row its own percentile
+    rows = values * rng.lognormal(size=(len(taken), 1))
+    expected = [np.percentile(np.repeat(v, row), 95) if row.sum() else np.nan for v, row in zip(rows, taken)]
+    assert np.array_equal(p95_of_resamples(rows, taken), expected, equal_nan=True)

@@ -13,8 +13,8 @@ outcome: `syncsafe.realarm.gate`):
   `gate = sync / max(drift, 1 / drift)`;
 - block bootstrap over `block_s` trace seconds of arrivals, each resample's
   replays also shocked by the wander of a whole replay's pace that the
-  seeds' no-sync controls show beyond their requests' sampling noise
-  (`replay_noise`, `gate.ReplayNoise`): one-sided 95 % lower and upper
+  seeds' no-sync controls show (their own sampling noise included, so the
+  bounds err wide; `replay_noise`, `gate.ReplayNoise`): one-sided 95 % lower and upper
   bounds that two runs of one plan can agree within. The gate *passes* when the lower bound exceeds the
   threshold, *fails* (decisively) when the upper bound is below it, and is
   otherwise *inconclusive*: underpowered when the plan's power

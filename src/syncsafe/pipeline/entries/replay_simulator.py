@@ -10,5 +10,5 @@ from syncsafe.serving.replay import replay_simulator
 
 
 def run(params: Params, root: Path, regime: str, params_path: Path) -> str:
-    replays = replay_simulator(params, regime, root, simulator_time_scale(root, regime))
+    replays = replay_simulator(params, regime, root, time_scale=simulator_time_scale(root, regime))
     return f"replay simulator {regime}: {len(replays)} replays"

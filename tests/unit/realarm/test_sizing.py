@@ -12,6 +12,7 @@ from syncsafe.control.serving_model import Calibration
 from syncsafe.schedules.action_space import ActionSpace
 from syncsafe.schedules.schedule import Schedule
 from syncsafe.schedules.span import span_count
+from syncsafe.realarm.gate import gate_statistic
 from syncsafe.realarm.sizing import (
     PlanError,
     RegimeDesign,
@@ -20,6 +21,8 @@ from syncsafe.realarm.sizing import (
     floor_met,
     nominal_lives,
     informative,
+    plan_power,
+    realisations,
     size_plans,
     wall_s,
 )
@@ -58,6 +61,23 @@ def test_the_planned_pairs_come_from_the_very_draws_the_replay_makes():
     assert pairs.size > 0 and (pairs.mine >= pairs.twin - 1e-9).all()
     assert np.array_equal(pairs.other, pairs.twin)  # noise-free: the controls agree
     assert expected_pairs(d, ["primary"], 120.0, draws=2).size == pairs.size  # seeded draws
+
+
+def test_the_planned_replay_wander_widens_the_realisations_and_costs_power():
+    """Each planned replay has its own id (the seed's two controls, then every replay with merges, unique
+    across seeds); a replay-level sd shifts all of a replay's rows alike, spreading the realisations' gate."""
+    d = design()
+    pairs = expected_pairs(d, ["primary"], 120.0, draws=2)
+    assert pairs.replay is not None and pairs.replay.shape == (3, pairs.size)
+    for series in pairs.replay:  # one id per (seed, replay): never shared across seeds
+        seeds_of = pd.Series(pairs.block // 1_000_000).groupby(series).nunique()
+        assert (seeds_of == 1).all()
+    assert not set(pairs.replay[0]) & set(pairs.replay[1]) and not set(pairs.replay[1]) & set(pairs.replay[2])
+    spread = lambda sd: np.std([np.log(gate_statistic(r)[2])  # noqa: E731
+                                for r in realisations(pairs, d.noise_log_ratios, 24, seed=1, replay_sd=sd)])
+    assert spread(0.2) > 2 * spread(0.0)
+    flat, wandering = (plan_power(replace(d, replay_sd=sd), ["primary"], 120.0, 2, threshold=1.05) for sd in (0.0, 0.3))
+    assert wandering.power <= flat.power and wandering.sd > flat.sd
 
 
 def test_the_plan_fits_its_budget_and_adds_controllers_only_while_it_fits():
