@@ -157,8 +157,8 @@ def test_dvc_repro_in_a_fresh_copy_then_nothing_to_do(real_repro):
     assert len(replays[replays["backend"] == "vllm"]) == 1 + len(plan["controllers"]) * (2 + plan["draws"])
     repeats = pd.read_csv(project / "runs" / "replay-sets" / "vllm" / "repeats.csv")
     if len(repeats) == plan["controls"]:
-        # the noise test asked for one more control; with it, the seed stays when its controls no longer disagree
-        # beyond their sampling noise (the deciding p is at or above control_alpha) and is left out otherwise
+        # the drift test asked for one more control per seed; with it, the seeds stay when their controls no longer
+        # follow the replay order (the deciding p is at or above control_alpha) and are left out otherwise
         alpha = load_params(project / "params.yaml").replay.vllm.control_alpha
         for rec in repeats.itertuples():
             summary = json.loads((project / rec.path / "summary.json").read_text())

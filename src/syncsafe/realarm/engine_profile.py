@@ -32,7 +32,6 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from syncsafe import localhttp, timebase
-from syncsafe.config import max_num_seqs
 from syncsafe.control.live_signals import sum_samples
 from syncsafe.control.serving_model import MAX_MERGE_SHARE, Calibration
 
