@@ -50,11 +50,10 @@ estimate (`margin`): `power = Phi((mean - margin - log threshold) / sd)`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
-
-import math
 
 import numpy as np
 from scipy import stats
@@ -81,6 +80,12 @@ class GatePairs:
     other: np.ndarray
     block: np.ndarray
     replay: np.ndarray | None = None
+
+    @staticmethod
+    def of_replays(mine: np.ndarray, twin: np.ndarray, other: np.ndarray, block: np.ndarray,
+                   replays: tuple[int, int, int]) -> GatePairs:
+        """Rows of one replay with merges, measured in `replays` (the ids of mine's, twin's and other's replay)."""
+        return GatePairs(mine, twin, other, block, np.repeat(np.array(replays)[:, None], np.size(mine), axis=1))
 
     @staticmethod
     def empty() -> GatePairs:
@@ -111,6 +116,12 @@ class GatePairs:
     @property
     def size(self) -> int:
         return int(self.mine.size)
+
+    def replay_columns(self) -> tuple[int, np.ndarray]:
+        """(how many distinct replays, each row's replay as a column 0.. per series: 3 x rows); needs ids."""
+        assert self.replay is not None
+        ids, column = np.unique(self.replay, return_inverse=True)
+        return ids.size, column.reshape(self.replay.shape)
 
 
 @dataclass(frozen=True)
@@ -188,8 +199,8 @@ def _replay_shocks(pairs: GatePairs, noise: ReplayNoise | None, rng: np.random.G
     resample r multiplies series k's row i by exp(shocks[r, column[k, i]]). None without noise or replay ids."""
     if noise is None or pairs.replay is None or noise.df < 1:
         return None
-    ids, column = np.unique(pairs.replay, return_inverse=True)
-    return noise.draw_sd(rng, n)[:, None] * rng.standard_normal((n, ids.size)), column.reshape(pairs.replay.shape)
+    replays, column = pairs.replay_columns()
+    return noise.draw_sd(rng, n)[:, None] * rng.standard_normal((n, replays)), column
 
 
 def bootstrap_gates(pairs: GatePairs, seed: int = 0, n_bootstrap: int = N_BOOTSTRAP,

@@ -134,10 +134,10 @@ def expected_pairs(design: RegimeDesign, controllers: list[str], span_s: float, 
             if not active.any():
                 continue
             mine = sim(schedule)["e2e_ms"].to_numpy(dtype=float)
-            replay = np.array([2 + k, 0, 1]) + index * (2 + len(schedules))
-            parts.append(GatePairs(mine[active], twin_e2e[active], twin_e2e[active],
-                                   block_ids(index, arrival[active], BLOCK_S),
-                                   np.repeat(replay[:, None], int(active.sum()), axis=1)))
+            first = index * (2 + len(schedules))  # the seed's ids: its two controls, then its replays with merges
+            parts.append(GatePairs.of_replays(mine[active], twin_e2e[active], twin_e2e[active],
+                                              block_ids(index, arrival[active], BLOCK_S),
+                                              (first + 2 + k, first, first + 1)))
     return GatePairs.concat(parts)
 
 
@@ -150,13 +150,12 @@ def realisations(pairs: GatePairs, noise_log_ratios: np.ndarray, n: int, seed: i
     noise = np.asarray(noise_log_ratios, dtype=float)
     if noise.size < 2:
         noise = rng.normal(0.0, DEFAULT_NOISE_SD * math.sqrt(2.0), 1000)
-    ids, column = (np.unique(pairs.replay, return_inverse=True) if pairs.replay is not None and replay_sd > 0
-                   else (np.empty(0), None))
+    replays, column = pairs.replay_columns() if pairs.replay is not None and replay_sd > 0 else (0, None)
     out = []
     for _ in range(n):
         factors = np.exp(rng.choice(noise, (3, pairs.size))[[2, 0, 1]] / math.sqrt(2.0))  # twin, other, mine drawn
         if column is not None:
-            factors *= np.exp(rng.normal(0.0, replay_sd, ids.size))[column.reshape(pairs.replay.shape)]
+            factors *= np.exp(rng.normal(0.0, replay_sd, replays))[column]
         out.append(pairs.scaled(factors))
     return out
 

@@ -48,9 +48,9 @@ def simulated_run(rng: np.random.Generator, replay_sd: float, effect: float = 1.
         rows = rng.choice(requests, active, replace=False)
         for _ in range(merges):
             twin, other = rng.choice(controls, 2, replace=False)
-            ids = np.repeat(np.array([[replay_id], [ctrl_ids[twin]], [ctrl_ids[other]]]), active, axis=1)
-            parts.append(GatePairs(replay(effect)[rows], ctrl[twin][rows], ctrl[other][rows],
-                                   s * BLOCK_STRIDE + block[rows], ids))
+            parts.append(GatePairs.of_replays(replay(effect)[rows], ctrl[twin][rows], ctrl[other][rows],
+                                              s * BLOCK_STRIDE + block[rows],
+                                              (replay_id, ctrl_ids[twin], ctrl_ids[other])))
             replay_id += 1
     return GatePairs.concat(parts), per_seed
 

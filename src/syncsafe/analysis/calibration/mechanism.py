@@ -80,9 +80,8 @@ def _replay_pairs(rec: ReplayRecord, controls: list[ReplayRecord], seed_index: i
     ids, arrival = ids[keep], arrival[keep]
     e2e = [f.loc[ids, "e2e_ms"].to_numpy(dtype=float) for f in frames]
     other_e2e = e2e[2] if other is not None else np.full(ids.size, np.nan)
-    replay = np.array([number[rec.name], number[twin.name], number[other.name] if other is not None else -1])
-    return GatePairs(e2e[0], e2e[1], other_e2e, block_ids(seed_index, arrival, block_s),
-                     np.repeat(replay[:, None], ids.size, axis=1))
+    replays = (number[rec.name], number[twin.name], number[other.name] if other is not None else -1)
+    return GatePairs.of_replays(e2e[0], e2e[1], other_e2e, block_ids(seed_index, arrival, block_s), replays)
 
 
 def active_pairs(records: Sequence[ReplayRecord], block_s: float = BLOCK_S) -> GatePairs:
