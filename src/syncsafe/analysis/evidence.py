@@ -189,6 +189,49 @@ def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3g}"
 
 
+FidelityOutcome = Literal["met", "missed", "undecided"]
+
+#: The judged held-out figures: (name in the report, field, unit).
+FIDELITY_FIGURES = (
+    ("held-out p95 error", "p95_rel_error_max", "%"),
+    ("held-out SLO-rate error", "slo_abs_error_pp_max", " pp"),
+    ("paired sync ratio sim/real", "sync_ratio_paired_sim_over_real", ""),
+)
+
+
+def _figure(value: float | None, unit: str) -> str:
+    if value is None:
+        return "n/a"
+    if not math.isfinite(value):
+        return "not computable"
+    return f"{value:.0%}" if unit == "%" else f"{value:.3g}{unit}"
+
+
+def target_text(field: str, t: FidelityTargets) -> str:
+    """A judged figure's target in words."""
+    if field == "sync_ratio_paired_sim_over_real":
+        return f"in [{t.sync_ratio_paired_low:g}, {t.sync_ratio_paired_high:g}]"
+    return f"<= {t.p95_rel_error_max:.0%}" if field == "p95_rel_error_max" else f"<= {t.slo_abs_error_pp_max:g} pp"
+
+
+def fidelity_outcome(field: str, value: float | None, bounds: tuple[float, float] | None,
+                     t: FidelityTargets) -> FidelityOutcome | None:
+    """met: the whole 95 % range (the value itself without bounds) meets the target; missed: none of it does;
+    undecided: the range straddles it. None: not measured."""
+    if value is None:
+        return None
+    low, high = bounds if bounds is not None else (value, value)
+    if not (math.isfinite(value) and math.isfinite(low) and math.isfinite(high)):
+        return "missed"
+    if field == "sync_ratio_paired_sim_over_real":
+        inside = [t.sync_ratio_paired_low <= v <= t.sync_ratio_paired_high for v in (low, high)]
+        if all(inside):
+            return "met"
+        return "missed" if high < t.sync_ratio_paired_low or low > t.sync_ratio_paired_high else "undecided"
+    limit = t.p95_rel_error_max if field == "p95_rel_error_max" else t.slo_abs_error_pp_max
+    return "met" if high <= limit else "missed" if low > limit else "undecided"
+
+
 class SignAgreement(BaseModel):
     """One held-out seed: controller minus matched-random mean SLO %, real vs simulated."""
 
@@ -224,13 +267,17 @@ class RegimeFidelity(BaseModel):
     p95_rel_error_max: float | None = None
     slo_abs_error_pp_max: float | None = None
     sync_ratio_paired_sim_over_real: float | None = None
+    #: 95 % bounds of those three under the server's replay-to-replay wander, by field name
+    #: (`syncsafe.analysis.calibration.fidelity_bounds`); a figure without bounds is judged as measured.
+    bounds: dict[str, tuple[float, float]] = Field(default_factory=dict)
 
 
 class FidelityEvidence(BaseModel):
     """Held-out fidelity of the simulator that licensed the verdicts.
 
     A simulator row of (policy, regime) is licensed (`failures(policy, regime)` empty) only when the
-    simulator was fitted, the regime's held-out replays meet every target, and the policy was checked on
+    simulator was fitted, the regime's held-out replays meet every target (`fidelity_outcome`: the whole
+    95 % range under the server's replay-to-replay wander meets it), and the policy was checked on
     the real server in that regime: on every declared held-out seed a valid real replay of it and its
     draws whose controller-minus-random sign the simulator reproduces, at least one of them a real,
     non-zero difference (zero against zero on every seed is agreement that carries no information).
@@ -253,6 +300,11 @@ class FidelityEvidence(BaseModel):
     sync_ratio_paired_real: float | None = None
     sync_ratio_paired_sim: float | None = None
     sync_ratio_paired_sim_over_real: float | None = None
+    #: Bounds of the three judged figures (as `RegimeFidelity.bounds`), and the wander they carry: the sd of a
+    #: whole replay's log p95 E2E from the no-sync controls of every replayed seed, and its degrees of freedom.
+    bounds: dict[str, tuple[float, float]] = Field(default_factory=dict)
+    replay_sd: float | None = Field(default=None, ge=0)
+    replay_sd_df: int | None = Field(default=None, ge=1)
     #: The same errors per regime (the licence of a regime's rows rests on its own).
     regimes: dict[str, RegimeFidelity] = Field(default_factory=dict)
     sign_agreement: list[SignAgreement] = Field(default_factory=list)
@@ -270,25 +322,23 @@ class FidelityEvidence(BaseModel):
         return cls.model_validate_json(Path(path).read_text(encoding="utf-8"))
 
     def _target_failures(self, measured: RegimeFidelity | FidelityEvidence, where: str) -> list[str]:
-        t = self.targets
-        out: list[str] = []
         if measured.n_held_out_replays == 0:
             return [f"no held-out real replays{where} to judge the simulator on"]
-        checks = (
-            ("held-out p95 error", measured.p95_rel_error_max, lambda v: math.isfinite(v) and v <= t.p95_rel_error_max,
-             f"<= {t.p95_rel_error_max:.0%}", lambda v: f"{v:.0%}" if math.isfinite(v) else "not computable"),
-            ("held-out SLO-rate error", measured.slo_abs_error_pp_max,
-             lambda v: math.isfinite(v) and v <= t.slo_abs_error_pp_max,
-             f"<= {t.slo_abs_error_pp_max:g} pp", lambda v: f"{v:.3g} pp"),
-            ("paired sync ratio sim/real", measured.sync_ratio_paired_sim_over_real,
-             lambda v: t.sync_ratio_paired_low <= v <= t.sync_ratio_paired_high,
-             f"in [{t.sync_ratio_paired_low:g}, {t.sync_ratio_paired_high:g}]", lambda v: f"{v:.3g}"),
-        )
-        for name, value, ok, target, fmt in checks:
+        wander = (f"the server's replay-to-replay wander (sd {self.replay_sd:.2g} of a replay's log p95) leaves it "
+                  "undecided") if self.replay_sd is not None else "undecided"
+        out: list[str] = []
+        for name, field, unit in FIDELITY_FIGURES:
+            value, target = getattr(measured, field), target_text(field, self.targets)
+            bounds = measured.bounds.get(field)
+            shown = _figure(value, unit) + (f" [{_figure(bounds[0], unit)}, {_figure(bounds[1], unit)}]"
+                                            if bounds else "")
+            outcome = fidelity_outcome(field, value, bounds, self.targets)
             if value is None:
                 out.append(f"{name}{where} not measured (target {target})")
-            elif not ok(value):
-                out.append(f"{name}{where} {fmt(value)} misses its target {target}")
+            elif outcome == "missed":
+                out.append(f"{name}{where} {shown} misses its target {target}")
+            elif outcome == "undecided":
+                out.append(f"{name}{where} {shown}: {wander} against its target {target}")
         return out
 
     def _sign_failures(self, policy: str, regime: str) -> list[str]:

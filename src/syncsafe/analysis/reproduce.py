@@ -12,8 +12,10 @@ from `syncsafe.artifacts.layout`) the real plan (`runs/replay-sets/vllm/plan.jso
 3. **gate**: per regime, each run's drift-corrected paired sync ratio (`gate_ratio`) inside the other
    run's 95 % bounds (a missing bound is unbounded on its side).
 4. **fidelity**: per regime (the pooled figures where a run has none of the regime), the held-out p95
-   error, SLO-rate error and paired sync ratio sim/real of both, and whether each meets its target; it
-   fails when the runs disagree on whether a target is met (two misses agree: the same conclusion).
+   error, SLO-rate error and paired sync ratio sim/real of both, their 95 % bounds under the server's
+   replay-to-replay wander, and each one's outcome (met, missed, undecided); it fails when the outcomes
+   differ unless both carry bounds, each value lies inside the other's and no target is met in one run
+   and missed in the other.
 5. **real vs random**: per regime, the primary controller (the plan's first) minus the mean of its
    span-matched draws on each seed's valid real replays, for the SLO violation rate (pp) and the p95
    (ms); the mean over seeds with its t 95 % interval (`scipy.stats.t`; unbounded with fewer than two
@@ -26,7 +28,6 @@ exit 2) naming the file; `Reproduction.failures` holds one line per check that d
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,14 +35,21 @@ import numpy as np
 import pandas as pd
 import scipy.stats
 
-from syncsafe.analysis.evidence import FidelityEvidence, MechanismEvidence, RegimeFidelity
+from syncsafe.analysis.evidence import (
+    FIDELITY_FIGURES,
+    FidelityEvidence,
+    FidelityOutcome,
+    MechanismEvidence,
+    RegimeFidelity,
+    fidelity_outcome,
+    target_text,
+)
 from syncsafe.artifacts import layout
 from syncsafe.artifacts.base import require_file
 from syncsafe.artifacts.calibration import read_fidelity, read_mechanism, read_vllm_plan
 from syncsafe.artifacts.layout import PathLike
 from syncsafe.artifacts.replay_sets import INDEX_COLUMNS, read_vllm_index
 from syncsafe.artifacts.reports import read_policy_table
-from syncsafe.config import FidelityTargets
 from syncsafe.realarm.design import RealPlan, RegimePlan
 
 #: Time scales of the two plans may differ by this share (larger / smaller - 1).
@@ -106,9 +114,16 @@ class Interval:
         slack = _EPS * max(1.0, abs(x))
         return self.low - slack <= x <= self.high + slack
 
+    @property
+    def bounded(self) -> bool:
+        """Measured, with bounds of its own (not a bare point)."""
+        return self.value is not None and (self.low, self.high) != (self.value, self.value)
+
     def describe(self, unit: str = "") -> str:
         if self.value is None:
             return "n/a"
+        if not self.bounded:
+            return f"{_g(self.value)}{unit}" + ("" if self.n is None else f", {self.n} seeds")
         bounds = "unbounded" if math.isinf(self.low) and math.isinf(self.high) else f"[{_g(self.low)}, {_g(self.high)}]"
         seeds = "" if self.n is None else f", {self.n} seeds"
         return f"{_g(self.value)}{unit} {bounds}{seeds}"
@@ -150,34 +165,44 @@ class IntervalCheck:
 
 @dataclass(frozen=True)
 class FidelityMetric:
-    """One held-out fidelity error of both runs and whether each meets its target."""
+    """One held-out fidelity figure of both runs: value, 95 % bounds under the replay wander, and outcome
+    against each run's own target (met / missed / undecided; None: not measured)."""
 
     regime: str
     metric: str
     target: str
-    a: float | None
-    b: float | None
-    met_a: bool
-    met_b: bool
+    a: Interval
+    b: Interval
+    outcome_a: FidelityOutcome | None
+    outcome_b: FidelityOutcome | None
     pooled: bool = False
 
     @property
     def ok(self) -> bool:
-        return self.met_a == self.met_b
+        """The same outcome; or, when both carry bounds, each value inside the other's bounds and no target met
+        in one run and missed in the other."""
+        if self.outcome_a == self.outcome_b:
+            return True
+        contradict = {self.outcome_a, self.outcome_b} == {"met", "missed"}
+        return (self.a.bounded and self.b.bounded and self.a.contains(self.b.value) and self.b.contains(self.a.value)
+                and not contradict)
 
     def line(self) -> str:
-        def one(v: float | None, met: bool) -> str:
-            return f"{'n/a' if v is None else _g(v)} ({'meets' if met else 'misses'})"
+        def one(v: Interval, outcome: FidelityOutcome | None) -> str:
+            return f"{v.describe()} ({outcome or 'not measured'})"
 
         where = " (pooled)" if self.pooled else ""
         return (f"{self.regime}{where} {self.metric} (target {self.target}): "
-                f"A {one(self.a, self.met_a)}, B {one(self.b, self.met_b)}")
+                f"A {one(self.a, self.outcome_a)}, B {one(self.b, self.outcome_b)}")
 
     def failure(self) -> str | None:
         if self.ok:
             return None
-        meets, misses = ("A", "B") if self.met_a else ("B", "A")
-        return f"fidelity: {self.regime} {self.metric} meets its target {self.target} in {meets}, not in {misses}"
+        if {self.outcome_a, self.outcome_b} == {"met", "missed"}:
+            met, missed = ("A", "B") if self.outcome_a == "met" else ("B", "A")
+            return f"fidelity: {self.regime} {self.metric} meets its target {self.target} in {met}, misses it in {missed}"
+        return (f"fidelity: {self.regime} {self.metric}: A {self.outcome_a or 'not measured'} "
+                f"({self.a.describe()}), B {self.outcome_b or 'not measured'} ({self.b.describe()})")
 
 
 @dataclass(frozen=True)
@@ -284,33 +309,29 @@ def gate_check(a: MechanismEvidence, b: MechanismEvidence, regime: str) -> Inter
 # --------------------------------------------------------------------------- 4. fidelity
 
 
-def _fidelity_checks(t: FidelityTargets) -> list[tuple[str, str, str, Callable[[float], bool]]]:
-    return [
-        ("p95 error", "p95_rel_error_max", f"<= {t.p95_rel_error_max:g}",
-         lambda v: math.isfinite(v) and v <= t.p95_rel_error_max),
-        ("SLO error pp", "slo_abs_error_pp_max", f"<= {t.slo_abs_error_pp_max:g}",
-         lambda v: math.isfinite(v) and v <= t.slo_abs_error_pp_max),
-        ("sync ratio sim/real", "sync_ratio_paired_sim_over_real",
-         f"in [{t.sync_ratio_paired_low:g}, {t.sync_ratio_paired_high:g}]",
-         lambda v: t.sync_ratio_paired_low <= v <= t.sync_ratio_paired_high),
-    ]
-
-
 def _measured(evidence: FidelityEvidence, regime: str) -> tuple[RegimeFidelity | FidelityEvidence, bool]:
     """The regime's own figures, else the pooled ones (as `FidelityEvidence.failures` judges); and whether pooled."""
     own = evidence.regimes.get(regime)
     return (own, False) if own is not None else (evidence, True)
 
 
+def _fidelity_interval(measured: RegimeFidelity | FidelityEvidence, name: str) -> Interval:
+    value = getattr(measured, name) if measured.n_held_out_replays > 0 else None
+    if value is None:
+        return Interval(None)
+    low, high = measured.bounds.get(name, (value, value))
+    return Interval(value, low, high)
+
+
 def fidelity_metrics(a: FidelityEvidence, b: FidelityEvidence, regime: str) -> list[FidelityMetric]:
-    """The regime's held-out errors of both runs, each judged against its own run's targets."""
+    """The regime's held-out figures of both runs, each judged against its own run's targets."""
     (ma, pooled_a), (mb, pooled_b) = _measured(a, regime), _measured(b, regime)
     out = []
-    for (label, name, target, met), (_, _, _, met_b) in zip(_fidelity_checks(a.targets), _fidelity_checks(b.targets)):
-        va, vb = getattr(ma, name), getattr(mb, name)
-        out.append(FidelityMetric(regime, label, target, va, vb,
-                                  va is not None and ma.n_held_out_replays > 0 and met(va),
-                                  vb is not None and mb.n_held_out_replays > 0 and met_b(vb),
+    for label, name, _ in FIDELITY_FIGURES:
+        ia, ib = _fidelity_interval(ma, name), _fidelity_interval(mb, name)
+        oa = fidelity_outcome(name, ia.value, ma.bounds.get(name), a.targets)
+        ob = fidelity_outcome(name, ib.value, mb.bounds.get(name), b.targets)
+        out.append(FidelityMetric(regime, label, target_text(name, a.targets), ia, ib, oa, ob,
                                   pooled=pooled_a or pooled_b))
     return out
 
@@ -418,7 +439,7 @@ def render(result: Reproduction) -> list[str]:
              *(f"       {d}" for d in result.tier_differences)]
     sections: list[tuple[str, list[IntervalCheck] | list[FidelityMetric]]] = [
         ("gate ratio in the other's 95 % bounds", result.gates),
-        ("held-out fidelity, met target in both", result.fidelity),
+        ("held-out fidelity, same outcome or inside each other's bounds", result.fidelity),
         ("real controller - matched random in the other's 95 % interval", result.real_vs_random)]
     for title, checks in sections:
         lines.append(f"{title}:")

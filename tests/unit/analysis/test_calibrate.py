@@ -28,6 +28,7 @@ from syncsafe.analysis.calibration.records import (
     simulate_record,
 )
 from syncsafe.analysis.calibration.stage import calibrate_fit_stage, fidelity_stage
+from syncsafe.realarm.gate import ReplayNoise
 from syncsafe.analysis.evidence import FidelityEvidence, MechanismEvidence, RegimeMechanism
 from syncsafe.config import FidelityTargets, Params
 from syncsafe.schedules.schedule import Schedule, write_schedule
@@ -340,6 +341,18 @@ def test_fidelity_is_exact_with_the_generating_parameters(records):
     [sign] = evidence.sign_agreement
     assert (sign.policy, sign.seed, sign.n_draws) == ("fixed_h", 1, 2) and sign.agree
     assert evidence.licenses(), evidence.failures()
+    # on a server whose replays wander by sd 0.17 (on 4 df) the same replays cannot show the targets met:
+    # every figure's bounds hold its value, and the licence says the wander leaves them undecided
+    wandering, _, _ = fidelity_evidence(held, TRUTH.model_copy(update={"fitted": True}), fit_seeds=[0],
+                                        held_out_seeds=[1], targets=FidelityTargets(),
+                                        noise=ReplayNoise(var=0.17**2, df=4))
+    assert (wandering.replay_sd, wandering.replay_sd_df) == (pytest.approx(0.17), 4)
+    for field in ("p95_rel_error_max", "slo_abs_error_pp_max", "sync_ratio_paired_sim_over_real"):
+        low, high = wandering.bounds[field]
+        assert low <= getattr(wandering, field) <= high and high > low
+        assert wandering.regimes[REGIME].bounds[field] == (low, high)
+    assert not wandering.licenses()
+    assert any("wander (sd 0.17 of a replay's log p95) leaves it undecided" in f for f in wandering.failures())
 
 
 def test_fidelity_of_the_shipped_defaults_is_not_licensed(records):
@@ -411,6 +424,12 @@ def test_fit_and_fidelity_stages_write_their_sets_on_disjoint_seeds(tmp_path, re
     assert evidence.slo_abs_error_pp_max < 6.0 and evidence.slo_abs_error_pp_mean < 2.5
     assert (fid / "cdf.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert result.evidence == evidence
+    # the wander from every replayed seed's controls (here identical copies: sd 0 on 2 x 2 df), so the bounds
+    # are the figures themselves
+    assert (evidence.replay_sd, evidence.replay_sd_df) == (0.0, 4)
+    assert evidence.bounds["sync_ratio_paired_sim_over_real"] == pytest.approx(
+        (evidence.sync_ratio_paired_sim_over_real,) * 2)
+    assert "replay-to-replay wander (sd 0" in (fid / "report.md").read_text()
 
 
 def test_fidelity_judges_the_calibration_the_simulator_replays_ran_on(tmp_path, records):

@@ -58,7 +58,8 @@ def _index_rows(slo_shift: float, p95_shift: float) -> list[dict]:
 
 def write_run(root: Path, *, time_scale: float = 2.0, fit_seeds: tuple[int, ...] = (0, 1),
               tiers: dict[str, str] | None = None, gate: tuple[float, float, float] = (1.30, 1.20, 1.40),
-              p95_error: float = 0.10, slo_shift: float = 0.0, p95_shift: float = 0.0) -> Path:
+              p95_error: float = 0.10, slo_shift: float = 0.0, p95_shift: float = 0.0,
+              sync_ratio: tuple[float, ...] = (1.05,)) -> Path:
     """One recorded run's real-arm outputs under `root`, written with the project's models and writers."""
     plan = RealPlan(regimes={REGIME: RegimePlan(
         regime=REGIME, time_scale=time_scale, span_s=120.0, fit_seeds=list(fit_seeds),
@@ -72,7 +73,9 @@ def write_run(root: Path, *, time_scale: float = 2.0, fit_seeds: tuple[int, ...]
     write_model(layout.at(root, layout.FIDELITY_EVIDENCE), FidelityEvidence(
         calibration="fitted", fit_seeds=list(fit_seeds), held_out_seeds=[2, 3], n_held_out_replays=8,
         regimes={REGIME: RegimeFidelity(n_held_out_replays=8, p95_rel_error_max=p95_error, slo_abs_error_pp_max=1.0,
-                                        sync_ratio_paired_sim_over_real=1.05)}))
+                                        sync_ratio_paired_sim_over_real=sync_ratio[0],
+                                        bounds={"sync_ratio_paired_sim_over_real": sync_ratio[1:]}
+                                        if len(sync_ratio) == 3 else {})}))
     tiers = tiers or {PRIMARY: "beats matched random", "fixed_h": "mechanism transfers", "no_sync": "reference"}
     table = pd.DataFrame([{c: None for c in CONTRACT_COLUMNS} | {"regime": REGIME, "policy": p, "tier": t}
                           for p, t in tiers.items()])
@@ -153,10 +156,31 @@ def test_a_gate_ratio_outside_the_other_s_interval_fails(runs):
 def test_a_fidelity_target_met_in_one_run_only_fails(runs):
     a, b = runs(b={"p95_error": 0.20})
     failures = compare_real_arms(a, b).failures
-    assert failures == [f"fidelity: {REGIME} p95 error meets its target <= 0.15 in A, not in B"]
+    assert failures == [f"fidelity: {REGIME} held-out p95 error meets its target <= 15% in A, misses it in B"]
     a, b = runs(a={"p95_error": 0.20}, b={"p95_error": 0.30})  # both miss: the same conclusion
     result = compare_real_arms(a, b)
-    assert result.reproduces and any("misses" in line for line in render(result))
+    assert result.reproduces and any("missed" in line for line in render(result))
+
+
+@pytest.mark.parametrize(("a", "b", "reproduces", "outcomes"), [
+    ((0.665, 0.43, 1.03), (0.844, 0.54, 1.31), True, ("undecided", "undecided")),
+    # met in one (whole range inside [0.8, 1.25]), undecided in the other, each inside the other's bounds
+    ((1.0, 0.85, 1.2), (1.1, 0.9, 1.3), True, ("met", "undecided")),
+    # different outcomes, B's value outside A's bounds
+    ((1.0, 0.85, 1.2), (1.4, 1.15, 1.7), False, ("met", "undecided")),
+    # met against missed contradicts, even with overlapping bounds
+    ((1.0, 0.81, 1.24), (1.3, 1.26, 1.5), False, ("met", "missed")),
+    # a bare point against a bounded figure: their outcomes must agree
+    ((0.9,), (0.85, 0.6, 1.1), False, ("met", "undecided")),
+])
+def test_fidelity_outcomes_reproduce_within_each_other_s_wander_bounds(runs, a, b, reproduces, outcomes):
+    first, second = runs(a={"sync_ratio": a}, b={"sync_ratio": b})
+    result = compare_real_arms(first, second)
+    ratio = next(m for m in result.fidelity if m.metric == "paired sync ratio sim/real")
+    assert (ratio.outcome_a, ratio.outcome_b) == outcomes
+    assert ratio.ok is reproduces and result.reproduces is reproduces
+    if not reproduces:
+        assert result.failures == [ratio.failure()] and ratio.failure().startswith(f"fidelity: {REGIME} paired")
 
 
 def test_a_different_controller_minus_random_fails(runs):

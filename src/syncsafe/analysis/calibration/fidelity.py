@@ -8,6 +8,8 @@ Per held-out seed and controller with matched-random draws: controller SLO %
 minus the mean SLO % of its draws, on the real server and in the simulator
 (`SignAgreement`). Pooled over the held-out seeds: the paired sync ratio
 (twin-defined merge-active, `mechanism.active_pairs`) simulated / real.
+Each judged figure carries 95 % bounds under the server's replay-to-replay
+wander (`fidelity_bounds`), so a figure is met, missed or undecided.
 """
 
 from __future__ import annotations
@@ -22,6 +24,14 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from syncsafe.analysis.calibration.fidelity_bounds import (
+    Bounds,
+    critical_factors,
+    p95_error_bounds,
+    replay_shocks,
+    slo_error_bounds,
+    sync_ratio_bounds,
+)
 from syncsafe.analysis.calibration.mechanism import active_pairs
 from syncsafe.analysis.calibration.records import (
     ReplayRecord,
@@ -36,6 +46,7 @@ from syncsafe.analysis.figures import write_png
 from syncsafe.config import FidelityTargets
 from syncsafe.io import atomic_path
 from syncsafe.control.serving_model import Calibration
+from syncsafe.realarm.gate import ReplayNoise
 from syncsafe.serving.metrics import SloSpec, derive_slo, p95_ratio, violation_mask
 
 FIDELITY_COLUMNS = (
@@ -48,15 +59,18 @@ def _slo_for(rec: ReplayRecord, twins: Mapping[tuple[str, int], ReplayRecord], m
     return rec.slo if rec.slo is not None else derive_slo(twins[rec.key].results, multiplier)
 
 
+def _judged(real: Sequence[ReplayRecord], sims: Sequence[ReplayRecord]) -> list[tuple[ReplayRecord, ReplayRecord]]:
+    """The (real, simulated) records the table judges: repeats of a seed's no-sync control left out."""
+    first = {id(r) for r in without_later_controls(real)}
+    return [(rec, sim) for rec, sim in zip(real, sims) if id(rec) in first]
+
+
 def fidelity_table(real: Sequence[ReplayRecord], sims: Sequence[ReplayRecord], slo_multiplier: float = 1.5
                    ) -> pd.DataFrame:
     """Per held-out replay (repeats left out): real vs simulated SLO % and p95 E2E, with the errors."""
     twins = no_sync_records(real)
-    first = {id(r) for r in without_later_controls(real)}
     rows = []
-    for rec, sim in zip(real, sims):
-        if id(rec) not in first:
-            continue
+    for rec, sim in _judged(real, sims):
         slo = _slo_for(rec, twins, slo_multiplier)
         real_pct = 100.0 * float(violation_mask(rec.results, slo).mean())
         sim_pct = 100.0 * float(violation_mask(sim.results, slo).mean())
@@ -101,23 +115,44 @@ def _paired_ratio(real: Sequence[ReplayRecord], sims: Sequence[ReplayRecord]) ->
     return p95_ratio(real_pairs.mine, real_pairs.twin), p95_ratio(sim_pairs.mine, sim_pairs.twin)
 
 
-def regime_fidelity(real: Sequence[ReplayRecord], sims: Sequence[ReplayRecord], table: pd.DataFrame
-                    ) -> RegimeFidelity:
-    """One regime's errors (its rows of the fidelity table, its real and simulated records)."""
+def error_bounds(real: Sequence[ReplayRecord], sims: Sequence[ReplayRecord], table: pd.DataFrame,
+                 noise: ReplayNoise | None, slo_multiplier: float = 1.5, seed: int = 0) -> dict[str, Bounds]:
+    """95 % bounds of the judged figures of `table` (the fidelity table of these records) under the replay
+    wander `noise` (`fidelity_bounds`); the finite ones, by field name. Empty without noise."""
+    if noise is None or table.empty:
+        return {}
+    judged, twins = _judged(real, sims), no_sync_records(real)
+    shocks = replay_shocks(noise, len(judged), seed)
+    factors = [critical_factors(rec.results, _slo_for(rec, twins, slo_multiplier)) for rec, _ in judged]
+    out = {"p95_rel_error_max": p95_error_bounds(table["p95_ms_real"].tolist(), table["p95_ms_sim"].tolist(), shocks),
+           "slo_abs_error_pp_max": slo_error_bounds(factors, table["slo_pct_sim"].to_numpy(dtype=float), shocks)}
+    pairs, (_, sim_ratio) = active_pairs(list(real)), _paired_ratio(real, sims)
+    if sim_ratio is not None and pairs.replay is not None:
+        ratio = sync_ratio_bounds(pairs, sim_ratio, replay_shocks(noise, pairs.replay_columns()[0], seed + 1))
+        if ratio is not None:
+            out["sync_ratio_paired_sim_over_real"] = ratio
+    return {k: v for k, v in out.items() if all(math.isfinite(x) for x in v)}
+
+
+def regime_fidelity(real: Sequence[ReplayRecord], sims: Sequence[ReplayRecord], table: pd.DataFrame,
+                    noise: ReplayNoise | None = None, slo_multiplier: float = 1.5) -> RegimeFidelity:
+    """One regime's errors (its rows of the fidelity table, its real and simulated records) and their bounds."""
     p95_err, slo_err = _errors(table)
     real_ratio, sim_ratio = _paired_ratio(real, sims)
     return RegimeFidelity(
         n_held_out_replays=len(table), p95_rel_error_max=float(p95_err.max()) if p95_err.size else None,
         slo_abs_error_pp_max=float(slo_err.max()) if slo_err.size else None,
-        sync_ratio_paired_sim_over_real=sim_ratio / real_ratio if real_ratio and sim_ratio else None)
+        sync_ratio_paired_sim_over_real=sim_ratio / real_ratio if real_ratio and sim_ratio else None,
+        bounds=error_bounds(real, sims, table, noise, slo_multiplier))
 
 
 def fidelity_evidence(
     held_out: Sequence[ReplayRecord], calibration: Calibration, *, fit_seeds: Sequence[int],
     held_out_seeds: Sequence[int], targets: FidelityTargets, slo_multiplier: float = 1.5,
-    notes: Sequence[str] = (),
+    notes: Sequence[str] = (), noise: ReplayNoise | None = None,
 ) -> tuple[FidelityEvidence, pd.DataFrame, list[ReplayRecord]]:
-    """FidelityEvidence of `calibration` on the held-out replays, the per-replay table and the simulated records."""
+    """FidelityEvidence of `calibration` on the held-out replays, the per-replay table and the simulated records;
+    `noise`: the server's replay-to-replay wander the figures' bounds carry (None: judged as measured)."""
     sims = [simulate_record(r, calibration) for r in held_out]
     table = fidelity_table(held_out, sims, slo_multiplier)
     real_ratio, sim_ratio = _paired_ratio(held_out, sims)
@@ -125,7 +160,7 @@ def fidelity_evidence(
     finite = p95_err[np.isfinite(p95_err)]
     regimes = {
         regime: regime_fidelity([r for r in held_out if r.regime == regime], [s for s in sims if s.regime == regime],
-                                table[table["regime"] == regime])
+                                table[table["regime"] == regime], noise, slo_multiplier)
         for regime in sorted({r.regime for r in held_out})
     }
     evidence = FidelityEvidence(
@@ -137,6 +172,8 @@ def fidelity_evidence(
         slo_abs_error_pp_mean=float(slo_err.mean()) if slo_err.size else None,
         sync_ratio_paired_real=real_ratio, sync_ratio_paired_sim=sim_ratio,
         sync_ratio_paired_sim_over_real=sim_ratio / real_ratio if real_ratio and sim_ratio else None,
+        bounds=error_bounds(held_out, sims, table, noise, slo_multiplier),
+        replay_sd=None if noise is None else noise.sd, replay_sd_df=None if noise is None else noise.df,
         regimes=regimes, sign_agreement=sign_agreement(table), notes=list(notes),
     )  # fmt: skip
     return evidence, table, sims

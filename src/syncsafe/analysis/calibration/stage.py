@@ -31,7 +31,7 @@ from pydantic import ValidationError
 
 from syncsafe.analysis.calibration.fidelity import FIDELITY_COLUMNS, fidelity_evidence, save_cdf_figure
 from syncsafe.analysis.calibration.fit import CalibrationFit, fit_calibration
-from syncsafe.analysis.calibration.mechanism import mechanism_evidence, transfer_table
+from syncsafe.analysis.calibration.mechanism import controls_noise, mechanism_evidence, transfer_table
 from syncsafe.analysis.calibration.records import ReplayRecord, invalid_replays, read_vllm_records, simulate_record
 from syncsafe.analysis.calibration.report import (
     PACE_FIGURE_FILE,
@@ -143,7 +143,8 @@ def fidelity_stage(params: Params, root: Path = Path(".")) -> FidelityResult:
     if not calibration.fitted:
         notes.append("the simulator ran on the shipped defaults (calibration: default): "
                      + _fit_reason(root))
-    records = read_vllm_records(params, root, seeds=held) if cfg.enabled else []
+    replayed = read_vllm_records(params, root) if cfg.enabled else []
+    records = [r for r in replayed if r.seed in held]
     if not cfg.enabled:
         notes.append("replay.vllm.enabled is false: no real replay to judge the simulator on")
     elif not records:
@@ -152,7 +153,7 @@ def fidelity_stage(params: Params, root: Path = Path(".")) -> FidelityResult:
     if records:
         evidence, table, sims = fidelity_evidence(
             records, calibration, fit_seeds=fit_seeds, held_out_seeds=held, targets=targets,
-            slo_multiplier=params.replay.slo.multiplier, notes=notes)
+            slo_multiplier=params.replay.slo.multiplier, notes=notes, noise=controls_noise(replayed))
     else:
         evidence = FidelityEvidence(calibration="fitted" if calibration.fitted else "default", targets=targets,
                                     fit_seeds=sorted(fit_seeds), held_out_seeds=sorted(held), notes=notes)
