@@ -39,8 +39,8 @@ run: setup vllm-env
 	syncsafe schedules
 	syncsafe replay
 
-# Two phases: the tests that run no real vLLM server on $(TEST_WORKERS) workers (pytest-xdist, a file's tests on
-# one worker), then the real-server tests alone (a measured replay needs a quiet machine). Both run; either
+# Two phases: the tests that measure no real vLLM server on $(TEST_WORKERS) workers (pytest-xdist, a file's tests
+# on one worker), then the real-server tests alone (a measured replay needs a quiet machine). Both run; either
 # failing fails.
 TEST_WORKERS ?= 2
 test: setup vllm-env airflow-env team-env

@@ -159,8 +159,7 @@ def _port_listening(port: int) -> bool:
     return any(c.laddr.port == port and c.status == psutil.CONN_LISTEN for c in psutil.net_connections(kind="inet"))
 
 
-@pytest.mark.slow
-@pytest.mark.real_server
+@pytest.mark.slow  # a real server that measures nothing: it runs beside the other tests (not `real_server`)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 def test_killing_the_stage_leaves_no_server_behind(tmp_path, sig, tiny_raw):
     require_vllm_python()
