@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -46,7 +47,7 @@ from syncsafe.analysis.figures import write_png
 from syncsafe.config import FidelityTargets
 from syncsafe.io import atomic_path
 from syncsafe.control.serving_model import Calibration
-from syncsafe.realarm.gate import ReplayNoise
+from syncsafe.realarm.gate import GatePairs, ReplayNoise
 from syncsafe.serving.metrics import SloSpec, derive_slo, p95_ratio, violation_mask
 
 FIDELITY_COLUMNS = (
@@ -110,15 +111,21 @@ def _errors(table: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return np.where(np.isfinite(p95_err), p95_err, np.inf), table["slo_abs_error_pp"].to_numpy(dtype=float)
 
 
-def _paired_ratio(real: Sequence[ReplayRecord], sims: Sequence[ReplayRecord]) -> tuple[float | None, float | None]:
-    real_pairs, sim_pairs = active_pairs(list(real)), active_pairs(list(sims))
-    return p95_ratio(real_pairs.mine, real_pairs.twin), p95_ratio(sim_pairs.mine, sim_pairs.twin)
+@dataclass(frozen=True)
+class _Figures:
+    """One set of held-out records' judged figures, and the paired sync ratios behind the third."""
+
+    fidelity: RegimeFidelity
+    real_ratio: float | None
+    sim_ratio: float | None
 
 
-def error_bounds(real: Sequence[ReplayRecord], sims: Sequence[ReplayRecord], table: pd.DataFrame,
-                 noise: ReplayNoise | None, slo_multiplier: float = 1.5, seed: int = 0) -> dict[str, Bounds]:
-    """95 % bounds of the judged figures of `table` (the fidelity table of these records) under the replay
-    wander `noise` (`fidelity_bounds`); the finite ones, by field name. Empty without noise."""
+def _error_bounds(real: Sequence[ReplayRecord], sims: Sequence[ReplayRecord], table: pd.DataFrame,
+                  real_pairs: GatePairs, sim_ratio: float | None, noise: ReplayNoise | None,
+                  slo_multiplier: float, seed: int = 0) -> dict[str, Bounds]:
+    """95 % bounds of the judged figures of `table` (the fidelity table of these records; `real_pairs` their
+    gate rows, `sim_ratio` the simulated paired ratio) under the replay wander `noise` (`fidelity_bounds`); the
+    finite ones, by field name. Empty without noise."""
     if noise is None or table.empty:
         return {}
     judged, twins = _judged(real, sims), no_sync_records(real)
@@ -126,24 +133,27 @@ def error_bounds(real: Sequence[ReplayRecord], sims: Sequence[ReplayRecord], tab
     factors = [critical_factors(rec.results, _slo_for(rec, twins, slo_multiplier)) for rec, _ in judged]
     out = {"p95_rel_error_max": p95_error_bounds(table["p95_ms_real"].tolist(), table["p95_ms_sim"].tolist(), shocks),
            "slo_abs_error_pp_max": slo_error_bounds(factors, table["slo_pct_sim"].to_numpy(dtype=float), shocks)}
-    pairs, (_, sim_ratio) = active_pairs(list(real)), _paired_ratio(real, sims)
-    if sim_ratio is not None and pairs.replay is not None:
-        ratio = sync_ratio_bounds(pairs, sim_ratio, replay_shocks(noise, pairs.replay_columns()[0], seed + 1))
+    if sim_ratio is not None and real_pairs.replay is not None:
+        shocks_of = replay_shocks(noise, real_pairs.replay_columns()[0], seed + 1)
+        ratio = sync_ratio_bounds(real_pairs, sim_ratio, shocks_of)
         if ratio is not None:
             out["sync_ratio_paired_sim_over_real"] = ratio
     return {k: v for k, v in out.items() if all(math.isfinite(x) for x in v)}
 
 
-def regime_fidelity(real: Sequence[ReplayRecord], sims: Sequence[ReplayRecord], table: pd.DataFrame,
-                    noise: ReplayNoise | None = None, slo_multiplier: float = 1.5) -> RegimeFidelity:
-    """One regime's errors (its rows of the fidelity table, its real and simulated records) and their bounds."""
+def _figures(real: Sequence[ReplayRecord], sims: Sequence[ReplayRecord], table: pd.DataFrame,
+             noise: ReplayNoise | None, slo_multiplier: float) -> _Figures:
+    """The errors of `table` (the fidelity table of these real and simulated records), the paired sync ratios,
+    and the bounds of the judged figures."""
     p95_err, slo_err = _errors(table)
-    real_ratio, sim_ratio = _paired_ratio(real, sims)
-    return RegimeFidelity(
+    real_pairs, sim_pairs = active_pairs(list(real)), active_pairs(list(sims))
+    real_ratio, sim_ratio = p95_ratio(real_pairs.mine, real_pairs.twin), p95_ratio(sim_pairs.mine, sim_pairs.twin)
+    fidelity = RegimeFidelity(
         n_held_out_replays=len(table), p95_rel_error_max=float(p95_err.max()) if p95_err.size else None,
         slo_abs_error_pp_max=float(slo_err.max()) if slo_err.size else None,
         sync_ratio_paired_sim_over_real=sim_ratio / real_ratio if real_ratio and sim_ratio else None,
-        bounds=error_bounds(real, sims, table, noise, slo_multiplier))
+        bounds=_error_bounds(real, sims, table, real_pairs, sim_ratio, noise, slo_multiplier))
+    return _Figures(fidelity, real_ratio, sim_ratio)
 
 
 def fidelity_evidence(
@@ -155,26 +165,29 @@ def fidelity_evidence(
     `noise`: the server's replay-to-replay wander the figures' bounds carry (None: judged as measured)."""
     sims = [simulate_record(r, calibration) for r in held_out]
     table = fidelity_table(held_out, sims, slo_multiplier)
-    real_ratio, sim_ratio = _paired_ratio(held_out, sims)
-    p95_err, slo_err = _errors(table)
-    finite = p95_err[np.isfinite(p95_err)]
-    regimes = {
-        regime: regime_fidelity([r for r in held_out if r.regime == regime], [s for s in sims if s.regime == regime],
-                                table[table["regime"] == regime], noise, slo_multiplier)
+    per_regime = {
+        regime: _figures([r for r in held_out if r.regime == regime], [s for s in sims if s.regime == regime],
+                         table[table["regime"] == regime], noise, slo_multiplier)
         for regime in sorted({r.regime for r in held_out})
     }
+    # one regime: its figures are the pooled ones (same records, same table)
+    pooled = (next(iter(per_regime.values())) if len(per_regime) == 1
+              else _figures(held_out, sims, table, noise, slo_multiplier))
+    p95_err, slo_err = _errors(table)
+    finite = p95_err[np.isfinite(p95_err)]
     evidence = FidelityEvidence(
         calibration="fitted" if calibration.fitted else "default", targets=targets,
         fit_seeds=sorted(fit_seeds), held_out_seeds=sorted(held_out_seeds), n_held_out_replays=len(table),
-        p95_rel_error_max=float(p95_err.max()) if p95_err.size else None,
+        p95_rel_error_max=pooled.fidelity.p95_rel_error_max,
         p95_rel_error_mean=float(finite.mean()) if finite.size else None,
-        slo_abs_error_pp_max=float(slo_err.max()) if slo_err.size else None,
+        slo_abs_error_pp_max=pooled.fidelity.slo_abs_error_pp_max,
         slo_abs_error_pp_mean=float(slo_err.mean()) if slo_err.size else None,
-        sync_ratio_paired_real=real_ratio, sync_ratio_paired_sim=sim_ratio,
-        sync_ratio_paired_sim_over_real=sim_ratio / real_ratio if real_ratio and sim_ratio else None,
-        bounds=error_bounds(held_out, sims, table, noise, slo_multiplier),
+        sync_ratio_paired_real=pooled.real_ratio, sync_ratio_paired_sim=pooled.sim_ratio,
+        sync_ratio_paired_sim_over_real=pooled.fidelity.sync_ratio_paired_sim_over_real,
+        bounds=pooled.fidelity.bounds,
         replay_sd=None if noise is None else noise.sd, replay_sd_df=None if noise is None else noise.df,
-        regimes=regimes, sign_agreement=sign_agreement(table), notes=list(notes),
+        regimes={regime: figures.fidelity for regime, figures in per_regime.items()},
+        sign_agreement=sign_agreement(table), notes=list(notes),
     )  # fmt: skip
     return evidence, table, sims
 
