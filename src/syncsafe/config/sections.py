@@ -320,10 +320,11 @@ class VllmReplay(Strict):
     )
     #: Trace seconds of the primary regime's first seed sent (and discarded) per warm-up probe; 0 = no warm-up.
     warmup_s: Annotated[float, Field(ge=0)] = 20.0
-    #: The warm-up repeats its probe until the last `warmup_stable_probes` decode paces agree within this
-    #: share ((max - min) / median), or `warmup_max_s` wall seconds are spent (`syncsafe.realarm.warmup`).
-    warmup_tolerance: Annotated[float, Field(gt=0, lt=1)] = 0.05
-    warmup_stable_probes: Annotated[int, Field(ge=2)] = 3
+    #: The warm-up repeats its probe until the decode pace stops falling: the slope of log pace over the last
+    #: `warmup_stable_probes` probes is not negative at one-sided level `warmup_alpha`; or until `warmup_max_s`
+    #: wall seconds are spent (`syncsafe.realarm.warmup`).
+    warmup_alpha: Annotated[float, Field(gt=0, lt=1)] = 0.1
+    warmup_stable_probes: Annotated[int, Field(ge=3)] = 5
     warmup_max_s: Annotated[float, Field(ge=0)] = 90.0
     #: The request floor of every planned replay: requests in the span, and arrivals inside merge windows
     #: of each replay with merges (enough to estimate a p95 per replay).

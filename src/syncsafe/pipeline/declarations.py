@@ -87,7 +87,7 @@ SHIPPED_TRACES = "assets/traces"
 #: The keys of `replay.vllm` the server profile depends on (the server, its load target, the warm-up, the probes).
 PROFILE_KEYS = ("enabled", "python", "model", "regimes", "server_args", "engine_profile", "engine_profile_probe_s", "time_scale",
                 "target_utilisation", "capacity_ttft_factor", "capacity_probe_s", "startup_timeout_s",
-                "request_timeout_s", "max_in_flight", "warmup_s", "warmup_tolerance", "warmup_stable_probes",
+                "request_timeout_s", "max_in_flight", "warmup_s", "warmup_alpha", "warmup_stable_probes",
                 "warmup_max_s", "interference", "interference_workers", "client_cpus")
 
 

@@ -3,7 +3,7 @@
 `open_arm` starts one vLLM server (`vllm_server`) on the CPUs
 `placement` gives it, the merge work beside it (`interference`), and pins
 this process, the client, to CPUs of its own. `RealArm` then sends load
-(`send`), warms the server until its decode pace is stable (`warm_up`),
+(`send`), warms the server until its decode pace stops falling (`warm_up`),
 measures the engine profile (`profile`), and takes one planned replay
 (`replay`): the merge work handed the schedule's windows inside the span as
 wall intervals, the load generator sending the span's requests open loop, a
@@ -211,7 +211,7 @@ class RealArm:
 
     def warm_up(self) -> WarmupRecord | None:
         """First requests hit cold code paths and the server speeds up for minutes: a slice of real load,
-        discarded, sent until the decode pace is stable (`syncsafe.realarm.warmup`); None when switched off."""
+        discarded, sent until the decode pace stops falling (`syncsafe.realarm.warmup`); None when switched off."""
         cfg = self.cfg
         now = timebase.now()  # the workers may still be starting: one short window before anything is timed
         self.work.submit([(now, now + 0.1)])
@@ -222,7 +222,7 @@ class RealArm:
         if cfg.warmup_s <= 0 or warm.empty:
             return None
         record = warm_until_stable(lambda: self.send(warm, timebase.now() + 0.5, WARMUP_TIME_SCALE, seed),
-                                   cfg.warmup_tolerance, cfg.warmup_stable_probes, cfg.warmup_max_s)
+                                   cfg.warmup_alpha, cfg.warmup_stable_probes, cfg.warmup_max_s)
         tqdm.write(f"replay vllm: {record.describe()}")
         return record
 

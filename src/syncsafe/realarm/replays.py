@@ -6,7 +6,7 @@ server profile (`server_profile`, the profile-vllm stage) by
 server serves the whole stage run, with the merge work beside it on the
 same CPUs and the client (this process) on CPUs of its own (`arm`):
 
-1. warm-up (discarded) until the decode pace is stable (`warmup`), so that
+1. warm-up (discarded) until the decode pace stops falling (`warmup`), so that
    the first replays do not meet a slower server than the last;
 2. the replays: per regime and seed, the no-sync controls interleaved with
    the controllers, their span-matched draws and span cadences, in

@@ -7,7 +7,7 @@ model, the traces, the server and load settings of `replay.vllm`, the
 merge window) or when a user re-profiles on purpose (`syncsafe run --redo
 profile-vllm`, or `dvc repro --force profile-vllm`). In one server run:
 
-1. warm-up until the decode pace is stable (`warmup`);
+1. warm-up until the decode pace stops falling (`warmup`);
 2. the engine profile (`engine_profile`: iteration costs, the merge's
    share of the server), written to `profile.json` for the calibration;
 3. per regime of `replay.vllm.regimes` (the declared primary's first): the

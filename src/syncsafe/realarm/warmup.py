@@ -1,16 +1,26 @@
-"""Warm the real server until its decode pace is stable, before anything is measured.
+"""Warm the real server until its decode pace stops falling, before anything is measured.
 
 A vLLM CPU server speeds up over its first minutes (first requests hit cold
 code paths, allocator and cache warm-up): on the 2-core machine the
 per-token decode pace of identical no-merge loads fell from 3.9 to 2.3 ms
-over one run, so whatever was replayed first met a slower server. The
+over one run, and one warm-up saw 8.3, 6.2, 5.4, 3.8, 4.0, 4.0 ms over its
+first six probes, so whatever was replayed first met a slower server. The
 warm-up sends the same slice of real load again and again (`probe`) and
 measures each probe's **decode pace**: the median over its succeeded
 requests of (E2E - TTFT) / (tokens received - 1), the server's time per
-generated token after the first. It stops once the last `stable_probes`
-paces lie within `tolerance` of each other ((max - min) / median), or when
-`max_s` wall seconds are spent; what it saw (`WarmupRecord`) goes to the
-plan, so a run that never settled says so.
+generated token after the first.
+
+It stops once the pace has **stopped falling beyond its own scatter**: the
+least-squares slope of log pace over the last `stable_probes` probes is not
+negative at one-sided level `alpha` (`scipy.stats.linregress`), or when
+`max_s` wall seconds are spent. A fixed band (the last probes within 5 % of
+each other) judged the wrong thing: a settled server's probes wander 10-20 %
+from one to the next on 2 cores, so that band was almost never met and every
+warm-up ran out its 90 s. The trend test stops a settled server in a few
+probes and keeps warming one still speeding up by more than its scatter; a
+slow residual drift below that is what the controls' drift test
+(`realarm.evidence.controls_drift`) catches in the replays. What the warm-up
+saw (`WarmupRecord`) goes to the plan, so a run that never settled says so.
 """
 
 from __future__ import annotations
@@ -21,25 +31,29 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
+from scipy import stats
 
 from syncsafe.serving.metrics import failed_mask
 
 
 class WarmupRecord(BaseModel):
-    """What the warm-up measured: every probe's decode pace (ms/token) and whether the last ones agreed."""
+    """What the warm-up measured: every probe's decode pace (ms/token) and whether it had stopped falling."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     paces_ms: list[float | None] = Field(default_factory=list)
     stable: bool = False
-    tolerance: float = Field(default=0.05, ge=0)
-    stable_probes: int = Field(default=3, ge=2)
+    alpha: float = Field(default=0.05, gt=0, lt=1)
+    stable_probes: int = Field(default=4, ge=3)
+    #: One-sided p of a falling pace over the last `stable_probes` probes (None: too few measured).
+    trend_p: float | None = None
     wall_s: float = Field(default=0.0, ge=0)
 
     def describe(self) -> str:
         shown = ", ".join("-" if p is None else f"{p:.2f}" for p in self.paces_ms)
-        verdict = (f"stable within {self.tolerance:.0%} over the last {self.stable_probes}" if self.stable
-                   else f"NOT stable within {self.tolerance:.0%} when the warm-up ran out")
+        trend = "" if self.trend_p is None else f" (falling-pace p {self.trend_p:.2f})"
+        verdict = (f"stopped falling over the last {self.stable_probes}{trend}" if self.stable
+                   else f"still falling{trend} when the warm-up ran out")
         return f"warm-up: {len(self.paces_ms)} probes in {self.wall_s:.0f} s, decode pace [{shown}] ms/token, {verdict}"
 
 
@@ -54,24 +68,34 @@ def decode_pace_ms(rows: pd.DataFrame) -> float | None:
     return float(np.median(decode[keep] / (tokens[keep] - 1))) if keep.any() else None
 
 
-def pace_is_stable(paces: Sequence[float | None], tolerance: float, stable_probes: int) -> bool:
-    """True when the last `stable_probes` paces are all measured and within `tolerance` of each other."""
+def falling_pace_p(paces: Sequence[float | None], stable_probes: int) -> float | None:
+    """One-sided p that the pace falls over the last `stable_probes` probes (slope of log pace on the probe's
+    index, `scipy.stats.linregress`); None when fewer are measured. Identical paces give 1 (nothing falls)."""
     last = list(paces[-stable_probes:])
-    if len(last) < stable_probes or any(p is None for p in last):
-        return False
-    values = np.asarray(last, dtype=float)
-    return bool((values.max() - values.min()) / np.median(values) <= tolerance)
+    if len(last) < stable_probes or any(p is None or p <= 0 for p in last):
+        return None
+    logs = np.log(np.asarray(last, dtype=float))
+    if np.ptp(logs) == 0:
+        return 1.0
+    return float(stats.linregress(np.arange(logs.size), logs, alternative="less").pvalue)
 
 
-def warm_until_stable(probe: Callable[[], pd.DataFrame], tolerance: float, stable_probes: int, max_s: float,
+def pace_is_stable(paces: Sequence[float | None], alpha: float, stable_probes: int) -> bool:
+    """True when the last `stable_probes` paces are all measured and show no falling trend at level `alpha`."""
+    p = falling_pace_p(paces, stable_probes)
+    return p is not None and p >= alpha
+
+
+def warm_until_stable(probe: Callable[[], pd.DataFrame], alpha: float, stable_probes: int, max_s: float,
                       clock: Callable[[], float] = time.monotonic) -> WarmupRecord:
-    """Run `probe` until its decode pace is stable or `max_s` wall seconds are spent (see the module docstring).
-    At least `stable_probes` probes run, so a stable verdict always rests on that many."""
+    """Run `probe` until its decode pace stops falling or `max_s` wall seconds are spent (see the module
+    docstring). At least `stable_probes` probes run, so a stable verdict always rests on that many."""
     began = clock()
     paces: list[float | None] = []
     while True:
         paces.append(decode_pace_ms(probe()))
-        stable = pace_is_stable(paces, tolerance, stable_probes)
+        trend_p = falling_pace_p(paces, stable_probes)
+        stable = trend_p is not None and trend_p >= alpha
         if stable or (clock() - began >= max_s and len(paces) >= stable_probes):
-            return WarmupRecord(paces_ms=paces, stable=stable, tolerance=tolerance, stable_probes=stable_probes,
-                                wall_s=clock() - began)
+            return WarmupRecord(paces_ms=paces, stable=stable, alpha=alpha, stable_probes=stable_probes,
+                                trend_p=trend_p, wall_s=clock() - began)
