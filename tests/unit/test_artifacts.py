@@ -172,9 +172,14 @@ def test_calibration_files_round_trip(tmp_path):
     from syncsafe.analysis.evidence import FidelityEvidence, MechanismEvidence
     from syncsafe.control.serving_model import Calibration, CalibrationError, load_calibration
 
+    from syncsafe.analysis.calibration.refits import CalibrationRefits
+
+    refits = CalibrationRefits(reason="no fit to refit")
     files = cal_files.write_calibration_dir(tmp_path, Calibration(), MechanismEvidence(regimes={}),
-                                           {"fitted": False, "reason": "why"}, pd.DataFrame(), "# report\n")
-    assert sorted(files) == ["calibration.json", "fit.json", "mechanism.json", "report.md", "transfer.csv"]
+                                           {"fitted": False, "reason": "why"}, pd.DataFrame(), "# report\n", refits)
+    assert sorted(files) == ["calibration.json", "fit.json", "mechanism.json", "refits.json", "report.md",
+                             "transfer.csv"]
+    assert cal_files.read_refits(tmp_path, CalibrationRefits) == refits
     assert load_calibration(layout.at(tmp_path, layout.FITTED_CALIBRATION)) == Calibration()
     assert cal_files.read_mechanism(tmp_path, MechanismEvidence) == MechanismEvidence(regimes={})
     assert cal_files.read_fit(tmp_path) == {"fitted": False, "reason": "why"}

@@ -305,6 +305,9 @@ class FidelityEvidence(BaseModel):
     bounds: dict[str, tuple[float, float]] = Field(default_factory=dict)
     replay_sd: float | None = Field(default=None, ge=0)
     replay_sd_df: int | None = Field(default=None, ge=1)
+    #: Refits of the calibration on shocked fit replays whose predictions the bounds carry (0: the fitted side is
+    #: taken as exact; `syncsafe.analysis.calibration.refits`).
+    refits: int = Field(default=0, ge=0)
     #: The same errors per regime (the licence of a regime's rows rests on its own).
     regimes: dict[str, RegimeFidelity] = Field(default_factory=dict)
     sign_agreement: list[SignAgreement] = Field(default_factory=list)

@@ -3,7 +3,7 @@
 runs/calibration/ (swapped in whole by the calibrate-fit stage):
 `calibration.json` (the simulator's `Calibration`), `mechanism.json`
 (`MechanismEvidence`), `fit.json` (why or why not fitted, diagnostics),
-`transfer.csv` and `report.md`. runs/fidelity/ (the fidelity stage):
+`refits.json` (`CalibrationRefits`), `transfer.csv` and `report.md`. runs/fidelity/ (the fidelity stage):
 `fidelity.json` (`FidelityEvidence`), `fidelity.csv`, `cdf.png`, `report.md`.
 The models themselves live with the code that computes them
 (`syncsafe.control.serving_model`, `syncsafe.analysis.evidence`,
@@ -77,7 +77,7 @@ def read_fit(root: PathLike) -> dict[str, Any] | None:
 
 
 def write_calibration_dir(root: PathLike, calibration: BaseModel, mechanism: BaseModel, fit: dict[str, Any],
-                          transfer: pd.DataFrame, report: str) -> dict[str, Path]:
+                          transfer: pd.DataFrame, report: str, refits: BaseModel) -> dict[str, Path]:
     """Swap in runs/calibration/ whole; return its files by name."""
 
     def build(tmp: Path) -> None:
@@ -86,10 +86,17 @@ def write_calibration_dir(root: PathLike, calibration: BaseModel, mechanism: Bas
         io.write_text(tmp / layout.FIT_FILE, json.dumps(fit, indent=2, default=str) + "\n")
         io.write_csv(tmp / layout.TRANSFER_FILE, transfer)
         io.write_text(tmp / layout.REPORT_FILE, report)
+        write_model(tmp / layout.REFITS_FILE, refits)
 
     out = io.replace_directory(layout.calibration_dir(root), build)
-    names = (layout.CALIBRATION_FILE, layout.MECHANISM_FILE, layout.FIT_FILE, layout.TRANSFER_FILE, layout.REPORT_FILE)
+    names = (layout.CALIBRATION_FILE, layout.MECHANISM_FILE, layout.FIT_FILE, layout.TRANSFER_FILE, layout.REPORT_FILE,
+             layout.REFITS_FILE)
     return {n: out / n for n in names}
+
+
+def read_refits(root: PathLike, model: type[M]) -> M | None:
+    """runs/calibration/refits.json (None when the calibrate-fit stage has not run, or ran before refits)."""
+    return read_optional(layout.at(root, layout.REFITS), model, "calibration refits file")
 
 
 def write_fidelity_dir(root: PathLike, evidence: BaseModel, table: pd.DataFrame, report: str,

@@ -19,6 +19,7 @@ No other module writes these names; they import them from here. Two forms:
       CALIBRATION                 runs/calibration
       FITTED_CALIBRATION          runs/calibration/calibration.json
       MECHANISM                   runs/calibration/mechanism.json
+      REFITS                      runs/calibration/refits.json
       FIDELITY                    runs/fidelity
       FIDELITY_EVIDENCE           runs/fidelity/fidelity.json
       LIVE, LIVE_INDEX            runs/live, runs/live/index.csv
@@ -100,6 +101,7 @@ SERVER_METRICS_FILE = "metrics.txt"
 CALIBRATION_FILE = "calibration.json"
 MECHANISM_FILE = "mechanism.json"
 FIT_FILE = "fit.json"
+REFITS_FILE = "refits.json"
 TRANSFER_FILE = "transfer.csv"
 REPORT_FILE = "report.md"
 FIDELITY_FILE = "fidelity.json"
@@ -144,6 +146,7 @@ CALIBRATION = RUNS / "calibration"
 FITTED_CALIBRATION = CALIBRATION / CALIBRATION_FILE
 MECHANISM = CALIBRATION / MECHANISM_FILE
 FIT = CALIBRATION / FIT_FILE
+REFITS = CALIBRATION / REFITS_FILE
 CALIBRATION_REPORT = CALIBRATION / REPORT_FILE
 FIDELITY = RUNS / "fidelity"
 FIDELITY_EVIDENCE = FIDELITY / FIDELITY_FILE

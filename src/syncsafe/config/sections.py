@@ -482,6 +482,10 @@ class AnalysisConfig(Strict):
     #: this (a user may demand more, never less).
     gate_ratio_threshold: Annotated[float, Field(ge=1.05)] = 1.05
     fidelity: FidelityTargets = FidelityTargets()
+    #: Refits of the calibration on the fit seeds' replays shocked at the server's replay wander
+    #: (`analysis.calibration.refits`): the held-out fidelity bounds carry the fit's run-to-run variation
+    #: through them. 0: the bounds carry the held-out replays' wander only.
+    fidelity_refits: Annotated[int, Field(ge=0)] = 12
     #: Policies whose matched-random -> oracle gap the headroom stage splits per regime into an online bound
     #: and what only foresight buys (each needs a knob grid: `syncsafe.tuning.knobs.DEFAULT_GRIDS`).
     headroom_policies: list[PolicyName] = ["wa_diloco", "wa_lookahead"]

@@ -27,6 +27,7 @@ from syncsafe.analysis.calibration.records import (
     read_vllm_records,
     simulate_record,
 )
+from syncsafe.analysis.calibration.refits import CalibrationRefits
 from syncsafe.analysis.calibration.stage import calibrate_fit_stage, fidelity_stage
 from syncsafe.realarm.gate import ReplayNoise
 from syncsafe.analysis.evidence import FidelityEvidence, MechanismEvidence, RegimeMechanism
@@ -391,9 +392,10 @@ def write_vllm_layout(root: Path, records: list[ReplayRecord], drop_merges: bool
     io.write_text(root / "runs" / "server-profile" / "profile.json", truth_profile().model_dump_json())
 
 
-def stage_params(enabled: bool = True) -> Params:
+def stage_params(enabled: bool = True, refits: int = 0) -> Params:
     return Params(seeds=[0, 1], regimes={REGIME: {"kind": "bursty", "duration_s": DURATION_S}},
-                  control={"policies": ["fixed_h"]}, analysis={"primary": {"policy": "fixed_h", "regime": REGIME}},
+                  control={"policies": ["fixed_h"]},
+                  analysis={"primary": {"policy": "fixed_h", "regime": REGIME}, "fidelity_refits": refits},
                   replay={"high_pressure": HIGH_PRESSURE,
                           "vllm": {"enabled": enabled, "time_scale": TIME_SCALE, "span_s": SPAN_S, "policies": None,
                                    "regimes": [REGIME],
@@ -403,11 +405,15 @@ def stage_params(enabled: bool = True) -> Params:
 @pytest.mark.slow
 def test_fit_and_fidelity_stages_write_their_sets_on_disjoint_seeds(tmp_path, records):
     write_vllm_layout(tmp_path, records)
-    params = stage_params()
+    params = stage_params(refits=2)
     fit = calibrate_fit_stage(params, tmp_path)
     out = tmp_path / "runs" / "calibration"
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["calibration.json", "fit.json", "mechanism.json", "transfer.csv", "report.md", "pace.png"])
+        ["calibration.json", "fit.json", "mechanism.json", "refits.json", "transfer.csv", "report.md", "pace.png"])
+    # the controls are identical copies (wander sd 0): every refit's shocks are 0, so it is the fit itself
+    refits = CalibrationRefits.model_validate_json((out / "refits.json").read_text())
+    assert refits.calibrations == [fit.calibration] * 2 and (refits.replay_sd, refits.replay_sd_df) == (0.0, 4)
+    assert fit.fit["refits"] == 2
     assert fit.calibration.fitted and fit.fit["fit_seeds"] == [0] and fit.fit["held_out_seeds"] == [1]
     assert all("seed-0" in name for name in fit.fit["fit_replays"])
     assert fit.fit["fit_wall_s"] > 0
@@ -426,7 +432,7 @@ def test_fit_and_fidelity_stages_write_their_sets_on_disjoint_seeds(tmp_path, re
     assert result.evidence == evidence
     # the wander from every replayed seed's controls (here identical copies: sd 0 on 2 x 2 df), so the bounds
     # are the figures themselves
-    assert (evidence.replay_sd, evidence.replay_sd_df) == (0.0, 4)
+    assert (evidence.replay_sd, evidence.replay_sd_df, evidence.refits) == (0.0, 4, 2)
     assert evidence.bounds["sync_ratio_paired_sim_over_real"] == pytest.approx(
         (evidence.sync_ratio_paired_sim_over_real,) * 2)
     assert "replay-to-replay wander (sd 0" in (fid / "report.md").read_text()

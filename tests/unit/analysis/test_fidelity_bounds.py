@@ -124,3 +124,52 @@ def test_critical_factors_give_the_violation_mask_at_one_and_the_slo_rate_under_
     # errors -20 and -60 pp, their 2.5 and 97.5 percentiles -59 and -21: bounds of the error [21, 59]
     shocks = np.log([[0.6], [2.5]])
     assert slo_error_bounds([factors], [40.0], shocks) == pytest.approx((21.0, 59.0))
+
+
+def test_each_draw_takes_its_refit_in_turn_and_one_refit_equal_to_the_point_changes_nothing():
+    shocks = replay_shocks(replay_noise([[np.full(50, 100.0), np.full(50, 120.0)]]), 2, seed=3)
+    real, sim = [100.0, 130.0], [110.0, 120.0]
+    assert p95_error_bounds(real, [sim], shocks) == p95_error_bounds(real, sim, shocks)
+    refits = np.array([[110.0, 120.0], [90.0, 150.0], [130.0, 100.0]])
+    low, high = p95_error_bounds(real, refits, shocks)
+    rows = refits[np.arange(shocks.shape[0]) % 3]
+    signed = rows / (np.array(real) * np.exp(shocks)) - 1.0
+    lows, highs = np.percentile(signed, [2.5, 97.5], axis=0)
+    assert high == pytest.approx(np.maximum(abs(lows), abs(highs)).max())
+    assert high > p95_error_bounds(real, sim, shocks)[1], "the refits' spread widens the bounds"
+    factors = [np.linspace(0.5, 2.0, 40), np.linspace(0.8, 3.0, 40)]
+    assert slo_error_bounds(factors, np.array([[5.0, 2.0]]), shocks) == slo_error_bounds(factors, [5.0, 2.0], shocks)
+
+
+def _fitted_check(rng: np.random.Generator, n_fit: int, refits: int) -> tuple[float, tuple[float, float]]:
+    """One run of a held-out check whose simulator is fitted: its level is the mean log p95 of `n_fit` fit
+    replays of the same wandering server (a perfect model, fitted on noisy data), judged on two held-out replays.
+    With `refits`, the bounds carry refits on the fit replays shocked at the controls' wander. `rng` draws the
+    run alone (the refits' shocks come from a stream of their own), so a run is the same with or without them."""
+    fit_logs = rng.normal(0.0, WANDER_SD, n_fit)  # the true log p95 is 0
+    real = np.exp(rng.normal(0.0, WANDER_SD, 2))
+    noise = replay_noise([[np.exp(rng.normal(0.0, WANDER_SD)) * np.ones(20) for _ in range(N_CONTROLS)]
+                          for _ in range(2)])
+    shocks = replay_shocks(noise, 2, seed=int(rng.integers(1 << 30)))
+    refit_rng = np.random.default_rng(int(rng.integers(1 << 30)))
+    sd = noise.draw_sd(refit_rng, max(refits, 1))
+    sims = (np.exp([[(fit_logs + sd[k] * refit_rng.standard_normal(n_fit)).mean()] * 2 for k in range(refits)])
+            if refits else np.full((1, 2), np.exp(fit_logs.mean())))
+    point = float(np.max(np.abs(np.exp(fit_logs.mean()) / real - 1.0)))
+    return point, p95_error_bounds(list(real), sims, shocks)
+
+
+def test_refits_carry_the_fit_s_own_variation_so_a_rerun_s_figure_falls_inside_the_bounds_more_often():
+    """Two independent runs of one plan, each fitting its simulator on one replay of the wandering server (the fit's
+    noise as large as a held-out replay's): the rerun's figure lies inside the first run's bounds more often when
+    the bounds carry the refits (the same runs both ways: paired), and hardly ever less often."""
+    gained = lost = 0
+    for seed in range(400):
+        inside = {}
+        for refits in (0, 12):
+            rng = np.random.default_rng([seed, 0xBEEF])
+            (_, bounds), (rerun, _) = _fitted_check(rng, 1, refits), _fitted_check(rng, 1, refits)
+            inside[refits] = bounds[0] <= rerun <= bounds[1]
+        gained += inside[12] and not inside[0]
+        lost += inside[0] and not inside[12]
+    assert gained > 5 * max(lost, 1) and stats.binomtest(gained, gained + lost, 0.5).pvalue < 0.01, (gained, lost)

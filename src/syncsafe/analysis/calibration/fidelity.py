@@ -9,7 +9,9 @@ minus the mean SLO % of its draws, on the real server and in the simulator
 (`SignAgreement`). Pooled over the held-out seeds: the paired sync ratio
 (twin-defined merge-active, `mechanism.active_pairs`) simulated / real.
 Each judged figure carries 95 % bounds under the server's replay-to-replay
-wander (`fidelity_bounds`), so a figure is met, missed or undecided.
+wander (`fidelity_bounds`) on the held-out side and, through refits of the
+calibration on shocked fit replays (`refits`), on the fitted side, so a
+figure is met, missed or undecided.
 """
 
 from __future__ import annotations
@@ -120,59 +122,87 @@ class _Figures:
     sim_ratio: float | None
 
 
+@dataclass(frozen=True)
+class _Simulated:
+    """What the simulator predicts for a set of held-out records, per calibration (the judged one, or each
+    refit): per judged replay its p95 and SLO %, and the paired sync ratio."""
+
+    p95_ms: np.ndarray
+    slo_pct: np.ndarray
+    ratio: float | None
+
+    @classmethod
+    def of(cls, real: Sequence[ReplayRecord], sims: Sequence[ReplayRecord], slo_multiplier: float) -> _Simulated:
+        table, pairs = fidelity_table(real, sims, slo_multiplier), active_pairs(list(sims))
+        return cls(table["p95_ms_sim"].to_numpy(dtype=float), table["slo_pct_sim"].to_numpy(dtype=float),
+                   p95_ratio(pairs.mine, pairs.twin))
+
+
 def _error_bounds(real: Sequence[ReplayRecord], sims: Sequence[ReplayRecord], table: pd.DataFrame,
-                  real_pairs: GatePairs, sim_ratio: float | None, noise: ReplayNoise | None,
+                  real_pairs: GatePairs, simulated: Sequence[_Simulated], noise: ReplayNoise | None,
                   slo_multiplier: float, seed: int = 0) -> dict[str, Bounds]:
     """95 % bounds of the judged figures of `table` (the fidelity table of these records; `real_pairs` their
-    gate rows, `sim_ratio` the simulated paired ratio) under the replay wander `noise` (`fidelity_bounds`); the
-    finite ones, by field name. Empty without noise."""
+    gate rows; `simulated` the calibration's predictions, or each refit's) under the replay wander `noise`
+    (`fidelity_bounds`); the finite ones, by field name. Empty without noise."""
     if noise is None or table.empty:
         return {}
     judged, twins = _judged(real, sims), no_sync_records(real)
     shocks = replay_shocks(noise, len(judged), seed)
     factors = [critical_factors(rec.results, _slo_for(rec, twins, slo_multiplier)) for rec, _ in judged]
-    out = {"p95_rel_error_max": p95_error_bounds(table["p95_ms_real"].tolist(), table["p95_ms_sim"].tolist(), shocks),
-           "slo_abs_error_pp_max": slo_error_bounds(factors, table["slo_pct_sim"].to_numpy(dtype=float), shocks)}
-    if sim_ratio is not None and real_pairs.replay is not None:
+    out = {"p95_rel_error_max": p95_error_bounds(table["p95_ms_real"].tolist(), [s.p95_ms for s in simulated],
+                                                 shocks),
+           "slo_abs_error_pp_max": slo_error_bounds(factors, np.stack([s.slo_pct for s in simulated]), shocks)}
+    ratios = [s.ratio for s in simulated]
+    if real_pairs.replay is not None and all(r is not None for r in ratios):
         shocks_of = replay_shocks(noise, real_pairs.replay_columns()[0], seed + 1)
-        ratio = sync_ratio_bounds(real_pairs, sim_ratio, shocks_of)
+        ratio = sync_ratio_bounds(real_pairs, ratios, shocks_of)
         if ratio is not None:
             out["sync_ratio_paired_sim_over_real"] = ratio
     return {k: v for k, v in out.items() if all(math.isfinite(x) for x in v)}
 
 
 def _figures(real: Sequence[ReplayRecord], sims: Sequence[ReplayRecord], table: pd.DataFrame,
-             noise: ReplayNoise | None, slo_multiplier: float) -> _Figures:
+             noise: ReplayNoise | None, slo_multiplier: float,
+             refit_sims: Sequence[Sequence[ReplayRecord]] = ()) -> _Figures:
     """The errors of `table` (the fidelity table of these real and simulated records), the paired sync ratios,
-    and the bounds of the judged figures."""
+    and the bounds of the judged figures (through the refits' simulations of the same records, when given)."""
     p95_err, slo_err = _errors(table)
     real_pairs, sim_pairs = active_pairs(list(real)), active_pairs(list(sims))
     real_ratio, sim_ratio = p95_ratio(real_pairs.mine, real_pairs.twin), p95_ratio(sim_pairs.mine, sim_pairs.twin)
+    simulated = ([_Simulated.of(real, refit, slo_multiplier) for refit in refit_sims] if refit_sims
+                 else [_Simulated(table["p95_ms_sim"].to_numpy(dtype=float),
+                                  table["slo_pct_sim"].to_numpy(dtype=float), sim_ratio)])
     fidelity = RegimeFidelity(
         n_held_out_replays=len(table), p95_rel_error_max=float(p95_err.max()) if p95_err.size else None,
         slo_abs_error_pp_max=float(slo_err.max()) if slo_err.size else None,
         sync_ratio_paired_sim_over_real=sim_ratio / real_ratio if real_ratio and sim_ratio else None,
-        bounds=_error_bounds(real, sims, table, real_pairs, sim_ratio, noise, slo_multiplier))
+        bounds=_error_bounds(real, sims, table, real_pairs, simulated, noise, slo_multiplier))
     return _Figures(fidelity, real_ratio, sim_ratio)
 
 
 def fidelity_evidence(
     held_out: Sequence[ReplayRecord], calibration: Calibration, *, fit_seeds: Sequence[int],
     held_out_seeds: Sequence[int], targets: FidelityTargets, slo_multiplier: float = 1.5,
-    notes: Sequence[str] = (), noise: ReplayNoise | None = None,
+    notes: Sequence[str] = (), noise: ReplayNoise | None = None, refits: Sequence[Calibration] = (),
 ) -> tuple[FidelityEvidence, pd.DataFrame, list[ReplayRecord]]:
     """FidelityEvidence of `calibration` on the held-out replays, the per-replay table and the simulated records;
-    `noise`: the server's replay-to-replay wander the figures' bounds carry (None: judged as measured)."""
+    `noise`: the server's replay-to-replay wander the figures' bounds carry (None: judged as measured);
+    `refits`: `calibration` refitted on shocked fit replays (`refits`), whose spread the bounds carry too."""
     sims = [simulate_record(r, calibration) for r in held_out]
+    refit_sims = [[simulate_record(r, cal) for r in held_out] for cal in refits] if noise is not None else []
     table = fidelity_table(held_out, sims, slo_multiplier)
+
+    def of(regime: str, records: Sequence[ReplayRecord]) -> list[ReplayRecord]:
+        return [r for r in records if r.regime == regime]
+
     per_regime = {
-        regime: _figures([r for r in held_out if r.regime == regime], [s for s in sims if s.regime == regime],
-                         table[table["regime"] == regime], noise, slo_multiplier)
+        regime: _figures(of(regime, held_out), of(regime, sims), table[table["regime"] == regime], noise,
+                         slo_multiplier, [of(regime, refit) for refit in refit_sims])
         for regime in sorted({r.regime for r in held_out})
     }
     # one regime: its figures are the pooled ones (same records, same table)
     pooled = (next(iter(per_regime.values())) if len(per_regime) == 1
-              else _figures(held_out, sims, table, noise, slo_multiplier))
+              else _figures(held_out, sims, table, noise, slo_multiplier, refit_sims))
     p95_err, slo_err = _errors(table)
     finite = p95_err[np.isfinite(p95_err)]
     evidence = FidelityEvidence(
@@ -186,6 +216,7 @@ def fidelity_evidence(
         sync_ratio_paired_sim_over_real=pooled.fidelity.sync_ratio_paired_sim_over_real,
         bounds=pooled.fidelity.bounds,
         replay_sd=None if noise is None else noise.sd, replay_sd_df=None if noise is None else noise.df,
+        refits=len(refit_sims),
         regimes={regime: figures.fidelity for regime, figures in per_regime.items()},
         sign_agreement=sign_agreement(table), notes=list(notes),
     )  # fmt: skip

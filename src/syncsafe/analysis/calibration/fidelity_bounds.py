@@ -15,7 +15,10 @@ the no-sync controls' log p95, on its degrees of freedom). Each of
 `N_DRAWS` draws takes a replay-level sd from the variance's sampling spread
 (var * df / chi2(df)) and multiplies every held-out real replay's latencies
 by its own log-normal shock; the errors are recomputed on the shocked
-replays (the simulated ones are what the calibration predicts: no shock):
+replays. The simulated side carries the fit's own run-to-run variation
+when the calibration was refitted on shocked fit replays (`refits`): draw d
+then takes refit d mod n's simulated figures (one row per refit below),
+else the calibration's alone:
 
 - p95 error: sim p95 / (real p95 * shock) - 1, per replay;
 - SLO-rate error: sim % - real %, per replay, the real % of a request
@@ -78,14 +81,28 @@ def _largest_absolute(signed: np.ndarray) -> Bounds:
     return float(abs_low.max()), float(abs_high.max())
 
 
-def p95_error_bounds(real_p95: Sequence[float | None], sim_p95: Sequence[float | None], shocks: np.ndarray) -> Bounds:
-    """Bounds of the largest relative p95 error over the replays (one column of `shocks` per replay); a replay
-    without a real or simulated p95 is an infinite error, as in the point figure."""
-    real = np.array([np.nan if v is None else v for v in real_p95], dtype=float)
-    sim = np.array([np.nan if v is None else v for v in sim_p95], dtype=float)
+def per_draw(simulated: np.ndarray, n_draws: int) -> np.ndarray:
+    """The simulated side of each of `n_draws` draws: row d is row d mod n of `simulated` (one row per refit, or
+    a single row: the calibration's own figures)."""
+    simulated = np.atleast_2d(np.asarray(simulated, dtype=float))
+    return simulated[np.arange(n_draws) % simulated.shape[0]]
+
+
+def _as_float(values: Sequence[float | None] | np.ndarray) -> np.ndarray:
+    return np.array([[np.nan if v is None else v for v in row] for row in np.atleast_2d(np.asarray(values, object))],
+                    dtype=float)
+
+
+def p95_error_bounds(real_p95: Sequence[float | None], sim_p95: Sequence[float | None] | np.ndarray,
+                     shocks: np.ndarray) -> Bounds:
+    """Bounds of the largest relative p95 error over the replays (one column of `shocks` per replay; `sim_p95` one
+    value per replay, or one row per refit); a replay without a real or simulated p95 is an infinite error, as in
+    the point figure."""
+    real = _as_float(real_p95)[0]
+    sim = _as_float(sim_p95)
     if not (np.isfinite(real).all() and np.isfinite(sim).all() and (real > 0).all()):
         return math.inf, math.inf
-    return _largest_absolute(sim / (real * np.exp(shocks)) - 1.0)
+    return _largest_absolute(per_draw(sim, shocks.shape[0]) / (real * np.exp(shocks)) - 1.0)
 
 
 def critical_factors(results: pd.DataFrame, slo: SloSpec) -> np.ndarray:
@@ -102,20 +119,23 @@ def critical_factors(results: pd.DataFrame, slo: SloSpec) -> np.ndarray:
     return np.where(failed_mask(results), 0.0, factor)
 
 
-def slo_error_bounds(factors: Sequence[np.ndarray], sim_pct: Sequence[float], shocks: np.ndarray) -> Bounds:
+def slo_error_bounds(factors: Sequence[np.ndarray], sim_pct: Sequence[float] | np.ndarray, shocks: np.ndarray
+                     ) -> Bounds:
     """Bounds of the largest SLO-rate error (pp) over the replays: replay r's real rate at shock s is the share of
-    its requests whose critical factor is below exp(s)."""
+    its requests whose critical factor is below exp(s); `sim_pct` one rate per replay, or one row per refit."""
+    sim = per_draw(sim_pct, shocks.shape[0])
     signed = np.empty(shocks.shape)
-    for r, (crit, sim) in enumerate(zip(factors, sim_pct)):
+    for r, crit in enumerate(factors):
         crit = np.sort(np.asarray(crit, dtype=float))
         violating = np.searchsorted(crit, np.exp(shocks[:, r]), side="left")  # factors strictly below the shock
-        signed[:, r] = sim - 100.0 * violating / max(crit.size, 1)
+        signed[:, r] = sim[:, r] - 100.0 * violating / max(crit.size, 1)
     return _largest_absolute(signed)
 
 
-def sync_ratio_bounds(pairs: GatePairs, sim_ratio: float, shocks_of: np.ndarray) -> Bounds | None:
+def sync_ratio_bounds(pairs: GatePairs, sim_ratio: float | Sequence[float], shocks_of: np.ndarray) -> Bounds | None:
     """Bounds of (simulated paired ratio) / (real paired ratio) when each real replay is shocked: `shocks_of`
-    holds one column per replay id of `pairs` (its `replay_columns` order). None without rows or ids."""
+    holds one column per replay id of `pairs` (its `replay_columns` order); `sim_ratio` the calibration's ratio,
+    or one per refit. None without rows or ids."""
     if pairs.size == 0 or pairs.replay is None:
         return None
     _, column = pairs.replay_columns()
@@ -126,9 +146,9 @@ def sync_ratio_bounds(pairs: GatePairs, sim_ratio: float, shocks_of: np.ndarray)
             return None
         p95s.append(np.percentile(values[finite][None, :] * np.exp(shocks_of[:, col[finite]]), 95, axis=1))
     real = p95s[0] / p95s[1]
-    low, high = _interval(sim_ratio / real)
+    low, high = _interval(per_draw(np.atleast_1d(np.asarray(sim_ratio, dtype=float))[:, None], real.size)[:, 0] / real)
     return float(low), float(high)
 
 
-__all__ = ["LEVEL", "N_DRAWS", "Bounds", "critical_factors", "p95_error_bounds", "replay_shocks",
+__all__ = ["LEVEL", "N_DRAWS", "Bounds", "critical_factors", "p95_error_bounds", "per_draw", "replay_shocks",
            "slo_error_bounds", "sync_ratio_bounds"]

@@ -179,8 +179,12 @@ def _wander_line(evidence: FidelityEvidence) -> str:
                 "figures are judged as measured.")
     return (f"Bounds: the server's replay-to-replay wander (sd {evidence.replay_sd:.3g} of a whole replay's log p95 "
             f"E2E, pooled over the no-sync controls, {evidence.replay_sd_df} df) applied to every held-out real "
-            "replay (`syncsafe.analysis.calibration.fidelity_bounds`). A target is met when the whole 95 % range "
-            "meets it, missed when none of it does, undecided otherwise (which licenses nothing).")
+            "replay (`syncsafe.analysis.calibration.fidelity_bounds`)"
+            + (f", and the fit's own variation: the predictions of {evidence.refits} refits of the calibration on the "
+               "fit replays shocked at that wander (`syncsafe.analysis.calibration.refits`)" if evidence.refits
+               else "; the fitted side is taken as exact (no refits)")
+            + ". A target is met when the whole 95 % range meets it, missed when none of it does, undecided "
+            "otherwise (which licenses nothing).")
 
 
 def render_fidelity_report(evidence: FidelityEvidence, table: pd.DataFrame) -> str:

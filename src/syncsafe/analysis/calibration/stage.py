@@ -5,7 +5,9 @@
 defaults with `fitted: false` when no fit is possible), `fit.json` (why not,
 the fit seeds, the fit replays: every replay of every fit seed, each seed's
 repeated no-sync controls included; diagnostics and the per-replay fit
-residuals), `mechanism.json` (`MechanismEvidence` from every real replay),
+residuals), `refits.json` (the fit repeated on the fit replays shocked at
+the server's wander, `refits`: the fit's own run-to-run variation, which
+the fidelity bounds carry), `mechanism.json` (`MechanismEvidence` from every real replay),
 `transfer.csv` (mechanism measures real vs simulated on the fit seeds) and
 `report.md`; then `pace.png` (`report.pace_figure`, every real replay's
 no-merge pace against its replay order), written atomically into the set
@@ -23,6 +25,7 @@ replay stage used (`replay.simulator.calibration`).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +35,7 @@ from pydantic import ValidationError
 from syncsafe.analysis.calibration.fidelity import FIDELITY_COLUMNS, fidelity_evidence, save_cdf_figure
 from syncsafe.analysis.calibration.fit import CalibrationFit, fit_calibration
 from syncsafe.analysis.calibration.mechanism import controls_noise, mechanism_evidence, transfer_table
+from syncsafe.analysis.calibration.refits import CalibrationRefits, refit_calibrations
 from syncsafe.analysis.calibration.records import ReplayRecord, invalid_replays, read_vllm_records, simulate_record
 from syncsafe.analysis.calibration.report import (
     PACE_FIGURE_FILE,
@@ -43,6 +47,7 @@ from syncsafe.analysis.evidence import FidelityEvidence, MechanismEvidence
 from syncsafe.artifacts import layout
 from syncsafe.artifacts.calibration import (
     read_fit,
+    read_refits,
     read_server_profile,
     read_vllm_plan,
     write_calibration_dir,
@@ -50,9 +55,10 @@ from syncsafe.artifacts.calibration import (
 )
 from syncsafe.artifacts.replay_sets import read_set_index, read_summary
 from syncsafe.config import Params, max_num_seqs
-from syncsafe.control.serving_model import Calibration, simulator_calibration
+from syncsafe.control.serving_model import Calibration, load_calibration, simulator_calibration
 from syncsafe.realarm.engine_profile import ServerProfile
 from syncsafe.realarm.design import RealPlan, vllm_seed_split
+from syncsafe.realarm.gate import ReplayNoise
 
 CALIBRATION_DIR = layout.CALIBRATION
 FIDELITY_DIR = layout.FIDELITY
@@ -87,19 +93,26 @@ def calibrate_fit_stage(params: Params, root: Path = Path(".")) -> FitResult:
     if not cfg.enabled:
         reason = "replay.vllm.enabled is false: nothing was replayed on a real server"
         return _write_fit(root, base, MechanismEvidence(regimes={}), pd.DataFrame(), [], [],
-                          {"fitted": False, "reason": reason, "fit_seeds": fit_seeds}, reason, [])
+                          {"fitted": False, "reason": reason, "fit_seeds": fit_seeds}, reason, [],
+                          CalibrationRefits(reason=reason))
     records = read_vllm_records(params, root)
     fit_records = [r for r in records if r.seed in fit_seeds]  # every replay of every fit seed, repeats included
     profile = read_server_profile(root, ServerProfile)
+
+    def fit_on(replays: list[ReplayRecord]) -> CalibrationFit:
+        return fit_calibration(replays, base, profile=profile, max_batch=max_num_seqs(cfg.server_args))
+
     started = time.perf_counter()
     try:
         if not fit_records:
             raise ValueError(f"no vLLM replay of the fit seeds {fit_seeds}")
-        fit = fit_calibration(fit_records, base, profile=profile, max_batch=max_num_seqs(cfg.server_args))
+        fit = fit_on(fit_records)
         reason = None
     except ValueError as err:  # too little real data: the defaults stand, and the files say why
         fit, reason = CalibrationFit(base, {}), str(err)
     wall_s = time.perf_counter() - started
+    refits = _refits(fit_records, lambda replays: fit_on(replays).calibration, controls_noise(records),
+                     params.analysis.fidelity_refits, reason)
     mechanism, skipped = mechanism_evidence(records, params.replay.high_pressure, params.analysis.gate_ratio_threshold,
                                             slo_multiplier=params.replay.slo.multiplier,
                                             plan=read_vllm_plan(root, RealPlan))
@@ -109,19 +122,32 @@ def calibrate_fit_stage(params: Params, root: Path = Path(".")) -> FitResult:
     info = {
         "fitted": fit.calibration.fitted, "reason": reason, "fit_seeds": fit_seeds, "held_out_seeds": held,
         "fit_replays": [r.name for r in fit_records], "profile": profile is not None,
-        "fit_wall_s": wall_s, "diagnostics": fit.diagnostics,
+        "fit_wall_s": wall_s, "refits": len(refits.calibrations), "refits_wall_s": refits.wall_s,
+        "diagnostics": fit.diagnostics,
     }
     return _write_fit(root, fit.calibration, mechanism, transfer, skipped, info["fit_replays"], info, reason,
-                      records)
+                      records, refits)
+
+
+def _refits(fit_records: list[ReplayRecord], fit: Callable[[list[ReplayRecord]], Calibration],
+            noise: ReplayNoise | None, n: int, fit_failed: str | None) -> CalibrationRefits:
+    """The fit's run-to-run variation (`refits`), or why there is none."""
+    if fit_failed is not None:
+        return CalibrationRefits(reason=f"no fit to refit: {fit_failed}")
+    if noise is None:
+        return CalibrationRefits(reason="no seed with two no-sync controls: no replay wander to refit at")
+    if n == 0:
+        return CalibrationRefits(replay_sd=noise.sd, replay_sd_df=noise.df, reason="analysis.fidelity_refits is 0")
+    return refit_calibrations(fit_records, fit, noise, n, seed=0)
 
 
 def _write_fit(root: Path, calibration: Calibration, mechanism: MechanismEvidence, transfer: pd.DataFrame,
                skipped: list[str], fit_replays: list[str], info: dict, reason: str | None,
-               records: list[ReplayRecord]) -> FitResult:
+               records: list[ReplayRecord], refits: CalibrationRefits) -> FitResult:
     report = render_fit_report(calibration, info.get("diagnostics", {}), transfer, mechanism, skipped, fit_replays,
                                reason)
 
-    files = write_calibration_dir(root, calibration, mechanism, info, transfer, report)
+    files = write_calibration_dir(root, calibration, mechanism, info, transfer, report, refits)
     # the set's writer takes no figure: the pace figure goes in after the swap, atomically on its own
     out = layout.calibration_dir(root)
     files = {**files, PACE_FIGURE_FILE: save_pace_figure(records, out / PACE_FIGURE_FILE)}
@@ -150,10 +176,12 @@ def fidelity_stage(params: Params, root: Path = Path(".")) -> FidelityResult:
     elif not records:
         notes.append(f"no real replay of the held-out seeds {held}")
     targets = params.analysis.fidelity
+    refits = _judged_refits(root, calibration, notes) if records else []
     if records:
         evidence, table, sims = fidelity_evidence(
             records, calibration, fit_seeds=fit_seeds, held_out_seeds=held, targets=targets,
-            slo_multiplier=params.replay.slo.multiplier, notes=notes, noise=controls_noise(replayed))
+            slo_multiplier=params.replay.slo.multiplier, notes=notes, noise=controls_noise(replayed),
+            refits=refits)
     else:
         evidence = FidelityEvidence(calibration="fitted" if calibration.fitted else "default", targets=targets,
                                     fit_seeds=sorted(fit_seeds), held_out_seeds=sorted(held), notes=notes)
@@ -162,6 +190,20 @@ def fidelity_stage(params: Params, root: Path = Path(".")) -> FidelityResult:
 
     files = write_fidelity_dir(root, evidence, table, report, lambda path: save_cdf_figure(records, sims, path))
     return FidelityResult(evidence, table, files)
+
+
+def _judged_refits(root: Path, judged: Calibration, notes: list[str]) -> list[Calibration]:
+    """The refits of the calibration being judged (`refits`); none, and a note why, when it is not the one
+    calibrate-fit fitted and refitted."""
+    refits = read_refits(root, CalibrationRefits)
+    fitted = layout.at(root, layout.FITTED_CALIBRATION)
+    if not judged.fitted or not fitted.is_file() or load_calibration(fitted) != judged:
+        return []
+    if refits is None or not refits.calibrations:
+        why = "calibrate-fit wrote none" if refits is None else (refits.reason or "none succeeded")
+        notes.append(f"the bounds carry the held-out replays' wander only, not the fit's: no refits ({why})")
+        return []
+    return list(refits.calibrations)
 
 
 def replayed_calibrations(root: Path) -> list[Calibration]:
