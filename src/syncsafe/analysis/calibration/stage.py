@@ -111,8 +111,11 @@ def calibrate_fit_stage(params: Params, root: Path = Path(".")) -> FitResult:
     except ValueError as err:  # too little real data: the defaults stand, and the files say why
         fit, reason = CalibrationFit(base, {}), str(err)
     wall_s = time.perf_counter() - started
+    why_not = (f"no fit to refit: {reason}" if reason is not None
+               else None if any(r.seed in held for r in records)
+               else f"no real replay of the held-out seeds {held}: no fidelity figure for refits to bound")
     refits = _refits(fit_records, lambda replays: fit_on(replays).calibration, controls_noise(records),
-                     params.analysis.fidelity_refits, reason)
+                     params.analysis.fidelity_refits, why_not)
     mechanism, skipped = mechanism_evidence(records, params.replay.high_pressure, params.analysis.gate_ratio_threshold,
                                             slo_multiplier=params.replay.slo.multiplier,
                                             plan=read_vllm_plan(root, RealPlan))
@@ -130,10 +133,10 @@ def calibrate_fit_stage(params: Params, root: Path = Path(".")) -> FitResult:
 
 
 def _refits(fit_records: list[ReplayRecord], fit: Callable[[list[ReplayRecord]], Calibration],
-            noise: ReplayNoise | None, n: int, fit_failed: str | None) -> CalibrationRefits:
+            noise: ReplayNoise | None, n: int, why_not: str | None) -> CalibrationRefits:
     """The fit's run-to-run variation (`refits`), or why there is none."""
-    if fit_failed is not None:
-        return CalibrationRefits(reason=f"no fit to refit: {fit_failed}")
+    if why_not is not None:
+        return CalibrationRefits(reason=why_not)
     if noise is None:
         return CalibrationRefits(reason="no seed with two no-sync controls: no replay wander to refit at")
     if n == 0:
