@@ -27,10 +27,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from scipy import stats
 
 from syncsafe.serving.metrics import failed_mask
@@ -43,11 +44,19 @@ class WarmupRecord(BaseModel):
 
     paces_ms: list[float | None] = Field(default_factory=list)
     stable: bool = False
-    alpha: float = Field(default=0.05, gt=0, lt=1)
-    stable_probes: int = Field(default=4, ge=3)
+    alpha: float = Field(default=0.1, gt=0, lt=1)
+    stable_probes: int = Field(default=5, ge=2)
     #: One-sided p of a falling pace over the last `stable_probes` probes (None: too few measured).
     trend_p: float | None = None
     wall_s: float = Field(default=0.0, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy(cls, data: Any) -> Any:
+        """Records written by the band rule (a `tolerance`, its `stable` that band's verdict) still read."""
+        if isinstance(data, dict) and "tolerance" in data:
+            data = {k: v for k, v in data.items() if k != "tolerance"}
+        return data
 
     def describe(self) -> str:
         shown = ", ".join("-" if p is None else f"{p:.2f}" for p in self.paces_ms)

@@ -356,6 +356,23 @@ def test_fidelity_is_exact_with_the_generating_parameters(records):
     assert any("wander (sd 0.17 of a replay's log p95) leaves it undecided" in f for f in wandering.failures())
 
 
+def test_refits_widen_the_bounds_by_their_own_spread_and_refits_equal_to_the_fit_change_nothing(records):
+    held, truth = [r for r in records if r.seed == 1], TRUTH.model_copy(update={"fitted": True})
+    noise = ReplayNoise(var=0.05**2, df=4)
+
+    def bounds(refits: list[Calibration]) -> dict[str, tuple[float, float]]:
+        evidence, _, _ = fidelity_evidence(held, truth, fit_seeds=[0], held_out_seeds=[1],
+                                           targets=FidelityTargets(), noise=noise, refits=refits)
+        assert evidence.refits == len(refits)
+        return evidence.bounds
+
+    alone = bounds([])
+    assert bounds([truth, truth]) == alone
+    spread = bounds([truth.model_copy(update={"iter_base_ms": truth.iter_base_ms * f}) for f in (0.7, 1.0, 1.4)])
+    for field in ("p95_rel_error_max", "slo_abs_error_pp_max"):
+        assert spread[field][1] > alone[field][1], field
+
+
 def test_fidelity_of_the_shipped_defaults_is_not_licensed(records):
     held = [r for r in records if r.seed == 1]
     evidence, _, _ = fidelity_evidence(held, Calibration(), fit_seeds=[0], held_out_seeds=[1],

@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 
 from syncsafe.analysis.calibration.records import ReplayRecord
-from syncsafe.analysis.calibration.refits import refit_calibrations, shocked
+from syncsafe.analysis.calibration.refits import refit_calibrations, shocked, shocked_profile
 from syncsafe.control.serving_model import Calibration
+from syncsafe.realarm.engine_profile import ServerProfile, profile_prior
 from syncsafe.realarm.gate import ReplayNoise
 
-from test_calibrate import make_records
+from test_calibrate import make_records, truth_profile
 
 
 @pytest.fixture(scope="module")
@@ -18,10 +19,26 @@ def fit_records() -> list[ReplayRecord]:
     return [r for r in make_records(seeds=(0,)) if r.seed == 0]
 
 
-def _level_fit(records: list[ReplayRecord]) -> Calibration:
-    """A stand-in fit: the records' mean log E2E as the iteration cost (what the refits move is the inputs)."""
+def _level_fit(records: list[ReplayRecord], profile: ServerProfile | None = None) -> Calibration:
+    """A stand-in fit: the records' mean log E2E as the iteration cost, the profile's decode slope as its
+    per-sequence cost (what the refits move is the inputs)."""
     logs = np.concatenate([np.log(r.results["e2e_ms"].to_numpy(dtype=float)) for r in records])
-    return Calibration(iter_base_ms=float(np.exp(logs.mean())) / 100.0)
+    prior = profile_prior(profile, Calibration())[0] if profile is not None else Calibration()
+    return Calibration(iter_base_ms=float(np.exp(logs.mean())) / 100.0, decode_ms_per_seq=prior.decode_ms_per_seq)
+
+
+def test_a_profile_shock_multiplies_every_probe_s_latencies_so_the_prior_s_costs_scale():
+    profile = truth_profile()
+    out = shocked_profile(profile, np.log(2.0))
+    for before, after in zip(profile.rows, out.rows):
+        for name in ("itl_ms", "prefill_ms", "ttft_ms"):
+            old, new = getattr(before, name), getattr(after, name)
+            assert (old is None and new is None) or new == pytest.approx(2.0 * old)
+        assert after.concurrency == before.concurrency and after.merge == before.merge
+    prior, shocked_prior = profile_prior(profile, Calibration())[0], profile_prior(out, Calibration())[0]
+    assert shocked_prior.decode_ms_per_seq == pytest.approx(2.0 * prior.decode_ms_per_seq)
+    assert shocked_prior.merge_compute_share == pytest.approx(prior.merge_compute_share), "a ratio: unchanged"
+    assert shocked_profile(None, 1.0) is None
 
 
 def test_a_shock_multiplies_the_latencies_and_nothing_else(fit_records):
@@ -36,7 +53,7 @@ def test_a_shock_multiplies_the_latencies_and_nothing_else(fit_records):
 
 def test_refits_spread_as_the_wander_says_are_seeded_and_count_failures(fit_records):
     noise = ReplayNoise(var=0.1 ** 2, df=8)
-    refits = refit_calibrations(fit_records, _level_fit, noise, 40, seed=3)
+    refits = refit_calibrations(fit_records, truth_profile(), _level_fit, noise, 40, seed=3)
     assert len(refits.calibrations) == 40 and refits.failed == 0
     assert (refits.replay_sd, refits.replay_sd_df, refits.seed) == (pytest.approx(0.1), 8, 3)
     levels = np.log([c.iter_base_ms for c in refits.calibrations])
@@ -44,16 +61,19 @@ def test_refits_spread_as_the_wander_says_are_seeded_and_count_failures(fit_reco
     expected = 0.1 / np.sqrt(len(fit_records))
     assert 0.5 * expected < levels.std() < 2.0 * expected
     assert abs(levels.mean() - np.log(_level_fit(fit_records).iter_base_ms)) < 3 * expected / np.sqrt(40)
-    again = refit_calibrations(fit_records, _level_fit, noise, 40, seed=3)
+    # the profile takes one shock of its own per refit: its prior moves by about the whole sd
+    slopes = np.log([c.decode_ms_per_seq for c in refits.calibrations])
+    assert 0.5 * 0.1 < slopes.std() < 2.0 * 0.1
+    again = refit_calibrations(fit_records, truth_profile(), _level_fit, noise, 40, seed=3)
     assert again.calibrations == refits.calibrations
-    assert refit_calibrations(fit_records, _level_fit, noise, 40, seed=4).calibrations != refits.calibrations
+    assert refit_calibrations(fit_records, truth_profile(), _level_fit, noise, 40, seed=4).calibrations != refits.calibrations
 
     calls = iter(range(100))
 
-    def flaky(records: list[ReplayRecord]) -> Calibration:
+    def flaky(records: list[ReplayRecord], profile: ServerProfile | None) -> Calibration:
         if next(calls) % 2:
             raise ValueError("too little data")
-        return _level_fit(records)
+        return _level_fit(records, profile)
 
-    some = refit_calibrations(fit_records, flaky, noise, 6, seed=3)
+    some = refit_calibrations(fit_records, None, flaky, noise, 6, seed=3)
     assert len(some.calibrations) == 3 and some.failed == 3

@@ -139,21 +139,23 @@ class _Simulated:
 
 
 def _error_bounds(real: Sequence[ReplayRecord], sims: Sequence[ReplayRecord], table: pd.DataFrame,
-                  real_pairs: GatePairs, simulated: Sequence[_Simulated], noise: ReplayNoise | None,
+                  real_pairs: GatePairs, point: _Simulated, refits: Sequence[_Simulated], noise: ReplayNoise | None,
                   slo_multiplier: float, seed: int = 0) -> dict[str, Bounds]:
     """95 % bounds of the judged figures of `table` (the fidelity table of these records; `real_pairs` their
-    gate rows; `simulated` the calibration's predictions, or each refit's) under the replay wander `noise`
-    (`fidelity_bounds`); the finite ones, by field name. Empty without noise."""
+    gate rows; `point` the judged calibration's predictions, `refits` each refit's) under the replay wander
+    `noise` (`fidelity_bounds`); the finite ones, by field name. Empty without noise. A refit whose prediction
+    of a figure is missing is left out of that figure's bounds; with none left, the judged calibration's stands."""
     if noise is None or table.empty:
         return {}
     judged, twins = _judged(real, sims), no_sync_records(real)
     shocks = replay_shocks(noise, len(judged), seed)
     factors = [critical_factors(rec.results, _slo_for(rec, twins, slo_multiplier)) for rec, _ in judged]
-    out = {"p95_rel_error_max": p95_error_bounds(table["p95_ms_real"].tolist(), [s.p95_ms for s in simulated],
-                                                 shocks),
-           "slo_abs_error_pp_max": slo_error_bounds(factors, np.stack([s.slo_pct for s in simulated]), shocks)}
-    ratios = [s.ratio for s in simulated]
-    if real_pairs.replay is not None and all(r is not None for r in ratios):
+    p95_rows = [s.p95_ms for s in refits if np.isfinite(s.p95_ms).all()] or [point.p95_ms]
+    slo_rows = [s.slo_pct for s in refits if np.isfinite(s.slo_pct).all()] or [point.slo_pct]
+    out = {"p95_rel_error_max": p95_error_bounds(table["p95_ms_real"].tolist(), np.stack(p95_rows), shocks),
+           "slo_abs_error_pp_max": slo_error_bounds(factors, np.stack(slo_rows), shocks)}
+    ratios = [s.ratio for s in refits if s.ratio is not None] or [r for r in (point.ratio,) if r is not None]
+    if real_pairs.replay is not None and ratios:
         shocks_of = replay_shocks(noise, real_pairs.replay_columns()[0], seed + 1)
         ratio = sync_ratio_bounds(real_pairs, ratios, shocks_of)
         if ratio is not None:
@@ -169,14 +171,13 @@ def _figures(real: Sequence[ReplayRecord], sims: Sequence[ReplayRecord], table: 
     p95_err, slo_err = _errors(table)
     real_pairs, sim_pairs = active_pairs(list(real)), active_pairs(list(sims))
     real_ratio, sim_ratio = p95_ratio(real_pairs.mine, real_pairs.twin), p95_ratio(sim_pairs.mine, sim_pairs.twin)
-    simulated = ([_Simulated.of(real, refit, slo_multiplier) for refit in refit_sims] if refit_sims
-                 else [_Simulated(table["p95_ms_sim"].to_numpy(dtype=float),
-                                  table["slo_pct_sim"].to_numpy(dtype=float), sim_ratio)])
+    point = _Simulated(table["p95_ms_sim"].to_numpy(dtype=float), table["slo_pct_sim"].to_numpy(dtype=float), sim_ratio)
+    refits = [_Simulated.of(real, refit, slo_multiplier) for refit in refit_sims]
     fidelity = RegimeFidelity(
         n_held_out_replays=len(table), p95_rel_error_max=float(p95_err.max()) if p95_err.size else None,
         slo_abs_error_pp_max=float(slo_err.max()) if slo_err.size else None,
         sync_ratio_paired_sim_over_real=sim_ratio / real_ratio if real_ratio and sim_ratio else None,
-        bounds=_error_bounds(real, sims, table, real_pairs, simulated, noise, slo_multiplier))
+        bounds=_error_bounds(real, sims, table, real_pairs, point, refits, noise, slo_multiplier))
     return _Figures(fidelity, real_ratio, sim_ratio)
 
 

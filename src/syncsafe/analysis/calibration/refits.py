@@ -14,11 +14,19 @@ differs.
 `refit_calibrations` measures that variation the way the held-out bounds
 measure theirs: each of `n` refits takes a replay-level sd from the
 controls' pooled variance's spread (`ReplayNoise.draw_sd`), multiplies every
-fit replay's latencies by its own log-normal shock (`shocked`) and fits
+fit replay's latencies by its own log-normal shock (`shocked`) and the
+engine profile's by one more (`shocked_profile`: the profile is a server
+session of its own, and its iteration costs are the fit's prior), and fits
 again with the same procedure. The calibrate-fit stage writes them
 (`CalibrationRefits`, refits.json); the fidelity stage simulates every
 held-out replay with each, and draw d of its bounds takes refit d mod n for
 the simulated side while it shocks the real side (`fidelity_bounds`).
+
+What it does not carry: a shift shared by every replay of one server
+session beyond the controls' within-seed wander (the controls measure the
+wander inside a session only), so a rerun whose whole session ran slower
+can still fall outside; the shocks are per replay, so the fit's level moves
+by about sd / sqrt(fit replays), not by sd.
 """
 
 from __future__ import annotations
@@ -32,10 +40,13 @@ from tqdm import tqdm
 
 from syncsafe.analysis.calibration.records import ReplayRecord
 from syncsafe.control.serving_model import Calibration
+from syncsafe.realarm.engine_profile import ServerProfile
 from syncsafe.realarm.gate import ReplayNoise
 
 #: The per-request latency columns a replay-level shock multiplies (decode pace is (E2E - TTFT) / tokens).
 LATENCY_COLUMNS = ("ttft_ms", "e2e_ms")
+#: The latencies of an engine-profile probe row a profile-level shock multiplies.
+PROFILE_LATENCIES = ("itl_ms", "prefill_ms", "ttft_ms")
 
 
 class CalibrationRefits(BaseModel):
@@ -51,7 +62,6 @@ class CalibrationRefits(BaseModel):
     reason: str | None = None
     #: Refits whose fit raised (too little data after the shock); they are left out of `calibrations`.
     failed: int = Field(default=0, ge=0)
-    wall_s: float = Field(default=0.0, ge=0)
 
 
 def shocked(record: ReplayRecord, log_shock: float) -> ReplayRecord:
@@ -62,23 +72,39 @@ def shocked(record: ReplayRecord, log_shock: float) -> ReplayRecord:
     return dataclasses.replace(record, results=results)
 
 
-def refit_calibrations(records: Sequence[ReplayRecord], fit: Callable[[list[ReplayRecord]], Calibration],
+def shocked_profile(profile: ServerProfile | None, log_shock: float) -> ServerProfile | None:
+    """`profile` with every probe's latencies (inter-token, prefill, TTFT) multiplied by exp(`log_shock`)."""
+    if profile is None:
+        return None
+    factor = float(np.exp(log_shock))
+
+    def scaled(value: float | None) -> float | None:
+        return None if value is None else value * factor
+
+    rows = [row.model_copy(update={c: scaled(getattr(row, c)) for c in PROFILE_LATENCIES}) for row in profile.rows]
+    return profile.model_copy(update={"rows": rows})
+
+
+Fit = Callable[[list[ReplayRecord], ServerProfile | None], Calibration]
+
+
+def refit_calibrations(records: Sequence[ReplayRecord], profile: ServerProfile | None, fit: Fit,
                        noise: ReplayNoise, n: int, seed: int) -> CalibrationRefits:
-    """`n` refits (`fit` on the shocked `records`), each with its own replay-level sd and per-replay shocks."""
+    """`n` refits (`fit` on the shocked `records` and `profile`), each with its own replay-level sd, a shock per
+    replay and one for the profile."""
     rng = np.random.default_rng([seed, 0x4EF17])
     sds = noise.draw_sd(rng, n)
     calibrations, failed = [], 0
-    bar = tqdm(range(n), desc="calibrate fit: refits", unit="fit", leave=False, disable=n == 0)
-    with bar:
-        for k in bar:
-            shocks = sds[k] * rng.standard_normal(len(records))
-            try:
-                calibrations.append(fit([shocked(r, s) for r, s in zip(records, shocks)]))
-            except ValueError:
-                failed += 1
-        wall_s = bar.format_dict["elapsed"]
+    for k in tqdm(range(n), desc="calibrate fit: refits", unit="fit", leave=False, disable=n == 0):
+        shocks = sds[k] * rng.standard_normal(len(records) + 1)
+        try:
+            calibrations.append(fit([shocked(r, s) for r, s in zip(records, shocks)],
+                                    shocked_profile(profile, float(shocks[-1]))))
+        except ValueError:
+            failed += 1
     return CalibrationRefits(replay_sd=noise.sd, replay_sd_df=noise.df, seed=seed, calibrations=calibrations,
-                             failed=failed, wall_s=wall_s)
+                             failed=failed)
 
 
-__all__ = ["LATENCY_COLUMNS", "CalibrationRefits", "refit_calibrations", "shocked"]
+__all__ = ["LATENCY_COLUMNS", "PROFILE_LATENCIES", "CalibrationRefits", "Fit", "refit_calibrations", "shocked",
+           "shocked_profile"]

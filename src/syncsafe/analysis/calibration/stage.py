@@ -25,7 +25,6 @@ replay stage used (`replay.simulator.calibration`).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +34,7 @@ from pydantic import ValidationError
 from syncsafe.analysis.calibration.fidelity import FIDELITY_COLUMNS, fidelity_evidence, save_cdf_figure
 from syncsafe.analysis.calibration.fit import CalibrationFit, fit_calibration
 from syncsafe.analysis.calibration.mechanism import controls_noise, mechanism_evidence, transfer_table
-from syncsafe.analysis.calibration.refits import CalibrationRefits, refit_calibrations
+from syncsafe.analysis.calibration.refits import CalibrationRefits, Fit, refit_calibrations
 from syncsafe.analysis.calibration.records import ReplayRecord, invalid_replays, read_vllm_records, simulate_record
 from syncsafe.analysis.calibration.report import (
     PACE_FIGURE_FILE,
@@ -99,14 +98,14 @@ def calibrate_fit_stage(params: Params, root: Path = Path(".")) -> FitResult:
     fit_records = [r for r in records if r.seed in fit_seeds]  # every replay of every fit seed, repeats included
     profile = read_server_profile(root, ServerProfile)
 
-    def fit_on(replays: list[ReplayRecord]) -> CalibrationFit:
-        return fit_calibration(replays, base, profile=profile, max_batch=max_num_seqs(cfg.server_args))
+    def fit_on(replays: list[ReplayRecord], measured: ServerProfile | None) -> CalibrationFit:
+        return fit_calibration(replays, base, profile=measured, max_batch=max_num_seqs(cfg.server_args))
 
     started = time.perf_counter()
     try:
         if not fit_records:
             raise ValueError(f"no vLLM replay of the fit seeds {fit_seeds}")
-        fit = fit_on(fit_records)
+        fit = fit_on(fit_records, profile)
         reason = None
     except ValueError as err:  # too little real data: the defaults stand, and the files say why
         fit, reason = CalibrationFit(base, {}), str(err)
@@ -114,8 +113,10 @@ def calibrate_fit_stage(params: Params, root: Path = Path(".")) -> FitResult:
     why_not = (f"no fit to refit: {reason}" if reason is not None
                else None if any(r.seed in held for r in records)
                else f"no real replay of the held-out seeds {held}: no fidelity figure for refits to bound")
-    refits = _refits(fit_records, lambda replays: fit_on(replays).calibration, controls_noise(records),
-                     params.analysis.fidelity_refits, why_not)
+    started = time.perf_counter()
+    refits = _refits(fit_records, profile, lambda replays, measured: fit_on(replays, measured).calibration,
+                     controls_noise(records), params.analysis.fidelity_refits, why_not)
+    refits_wall_s = time.perf_counter() - started
     mechanism, skipped = mechanism_evidence(records, params.replay.high_pressure, params.analysis.gate_ratio_threshold,
                                             slo_multiplier=params.replay.slo.multiplier,
                                             plan=read_vllm_plan(root, RealPlan))
@@ -125,15 +126,15 @@ def calibrate_fit_stage(params: Params, root: Path = Path(".")) -> FitResult:
     info = {
         "fitted": fit.calibration.fitted, "reason": reason, "fit_seeds": fit_seeds, "held_out_seeds": held,
         "fit_replays": [r.name for r in fit_records], "profile": profile is not None,
-        "fit_wall_s": wall_s, "refits": len(refits.calibrations), "refits_wall_s": refits.wall_s,
+        "fit_wall_s": wall_s, "refits": len(refits.calibrations), "refits_wall_s": refits_wall_s,
         "diagnostics": fit.diagnostics,
     }
     return _write_fit(root, fit.calibration, mechanism, transfer, skipped, info["fit_replays"], info, reason,
                       records, refits)
 
 
-def _refits(fit_records: list[ReplayRecord], fit: Callable[[list[ReplayRecord]], Calibration],
-            noise: ReplayNoise | None, n: int, why_not: str | None) -> CalibrationRefits:
+def _refits(fit_records: list[ReplayRecord], profile: ServerProfile | None, fit: Fit, noise: ReplayNoise | None,
+            n: int, why_not: str | None) -> CalibrationRefits:
     """The fit's run-to-run variation (`refits`), or why there is none."""
     if why_not is not None:
         return CalibrationRefits(reason=why_not)
@@ -141,7 +142,7 @@ def _refits(fit_records: list[ReplayRecord], fit: Callable[[list[ReplayRecord]],
         return CalibrationRefits(reason="no seed with two no-sync controls: no replay wander to refit at")
     if n == 0:
         return CalibrationRefits(replay_sd=noise.sd, replay_sd_df=noise.df, reason="analysis.fidelity_refits is 0")
-    return refit_calibrations(fit_records, fit, noise, n, seed=0)
+    return refit_calibrations(fit_records, profile, fit, noise, n, seed=0)
 
 
 def _write_fit(root: Path, calibration: Calibration, mechanism: MechanismEvidence, transfer: pd.DataFrame,
@@ -198,10 +199,10 @@ def fidelity_stage(params: Params, root: Path = Path(".")) -> FidelityResult:
 def _judged_refits(root: Path, judged: Calibration, notes: list[str]) -> list[Calibration]:
     """The refits of the calibration being judged (`refits`); none, and a note why, when it is not the one
     calibrate-fit fitted and refitted."""
-    refits = read_refits(root, CalibrationRefits)
     fitted = layout.at(root, layout.FITTED_CALIBRATION)
     if not judged.fitted or not fitted.is_file() or load_calibration(fitted) != judged:
         return []
+    refits = read_refits(root, CalibrationRefits)
     if refits is None or not refits.calibrations:
         why = "calibrate-fit wrote none" if refits is None else (refits.reason or "none succeeded")
         notes.append(f"the bounds carry the held-out replays' wander only, not the fit's: no refits ({why})")
