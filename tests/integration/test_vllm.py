@@ -174,21 +174,25 @@ def test_every_real_draw_is_count_matched_in_the_replayed_span(vllm_project):
         assert summary["span_merges"] == _summary(vllm_project, replayed["path"])["span_merges"] >= 1
 
 
-def test_replays_ran_in_blocks_each_with_a_no_sync_control_and_the_slo_pooled_from_all_controls(vllm_project):
+def test_replays_ran_in_a_block_of_rounds_each_with_a_no_sync_control_and_the_slo_pooled_from_all_controls(
+        vllm_project):
     rows = pd.concat([_replays(vllm_project), _replays(vllm_project, "repeats.csv")])
     summaries = [_summary(vllm_project, p) for p in rows["path"]]
-    order = sorted((s["position"], s["block"], s["control"]) for s in summaries)
+    order = sorted((s["position"], s["round"], s["control"]) for s in summaries)
     assert [p for p, _, _ in order] == list(range(len(order)))
-    assert [b for _, b, _ in order] == sorted(b for _, b, _ in order), "blocks one after the other"
-    planned = [(b, c) for _, b, c in order if b < 3]
-    assert sorted(c for b, c in planned if c is not None) == [0, 1, 2]
+    assert [r for _, r, _ in order] == sorted(r for _, r, _ in order), "rounds one after the other"
+    planned = [(r, c) for _, r, c in order if r < 3]
+    assert sorted(c for r, c in planned if c is not None) == [0, 1, 2]
     plan = _plan(vllm_project)
     with_merges = len(plan["controllers"]) * (2 + plan["draws"])  # each controller, its draws and its cadence
-    per_block = [sum(c is None for b, c in planned if b == block) for block in range(3)]
-    for block in range(3):  # every block: its control and its share of the replays with merges, dealt in turn
-        assert [c for b, c in planned if b == block].count(block) == 1
-        assert per_block[block] in (with_merges // 3, -(-with_merges // 3))
-    assert sum(per_block) == with_merges
+    per_round = [sum(c is None for r, c in planned if r == k) for k in range(3)]
+    for k in range(3):  # every round: its control and its share of the replays with merges, dealt in turn
+        assert [c for r, c in planned if r == k].count(k) == 1
+        assert per_round[k] in (with_merges // 3, -(-with_merges // 3))
+    assert sum(per_round) == with_merges
+    blocks = json.loads((vllm_project / VLLM_SET / "blocks.json").read_text())["blocks"]
+    assert [(b["regime"], b["label"], b["resumed"]) for b in blocks][:1] == [("bursty", "seed-0", False)]
+    assert sum(b["replays"] for b in blocks) == len(summaries), "every replay in one campaign block"
     assert len({json.dumps(s["slo"], sort_keys=True) for s in summaries}) == 1, "one SLO per seed"
     controls = [s for s in summaries if s["control"] is not None]
     assert len(controls) >= 3
@@ -318,30 +322,55 @@ def _group_members(pgid: int) -> list[int]:
     return members
 
 
-def test_a_server_that_dies_mid_run_fails_loudly_and_writes_no_summary(tmp_path, tiny_raw, vllm_project):
-    params = load_params(make_project(tmp_path, tiny_raw(), warmup_s=0, span_s=15, min_requests=5,
-                                      min_merge_active=0, time_scale={"bursty": TIME_SCALE}))  # killed after one replay
+def test_a_server_that_dies_mid_campaign_fails_loudly_and_the_rerun_replays_only_the_unfinished_block(
+        tmp_path, tiny_raw, vllm_project):
+    raw = tiny_raw()
+    raw["seeds"] = [0, 1]  # two campaign blocks: the server dies in the second
+    params = load_params(make_project(tmp_path, raw, warmup_s=0, span_s=15, min_requests=5, min_merge_active=0,
+                                      time_scale={"bursty": TIME_SCALE}))
     borrow_profile(vllm_project, tmp_path)
-    out = tmp_path / "runs" / "replay-sets" / "vllm" / "bursty" / "seed-0"
+    out = tmp_path / "runs" / "replay-sets" / "vllm"
+    cache = tmp_path / "runs" / "real-blocks" / "bursty"
 
     groups: list[int] = []
 
-    def kill_after_first_replay() -> None:
+    def kill_once_a_block_is_finished() -> None:
         deadline = time.monotonic() + 900
         while time.monotonic() < deadline:
-            if any(out.rglob("signals.parquet")):  # the first replay is taken (summaries come with the SLO)
+            if any(cache.glob("seed-*/block.json")):  # the first block is kept; the second has begun
+                time.sleep(2.0)
                 for proc in _server_processes(tmp_path):  # the API server only: its engine and worker live on
                     groups.append(os.getpgid(proc.pid))
                     proc.kill()
                 return
             time.sleep(0.2)
 
-    killer = threading.Thread(target=kill_after_first_replay, daemon=True)
+    killer = threading.Thread(target=kill_once_a_block_is_finished, daemon=True)
     killer.start()
     with pytest.raises(ServerError, match=r"vLLM server exited") as err:
         replay_vllm(params, tmp_path)
     killer.join()
     assert "log" in str(err.value)
     assert not list(out.rglob("summary.json")), "no replay is written without its seed's pooled SLO"
-    assert not (tmp_path / "runs" / "replay-sets" / "vllm" / "index.csv").exists()
+    assert not (out / "index.csv").exists()
     assert groups and not any(_group_members(g) for g in groups), "no server process outlives the stage"
+    finished = [p.parent for p in cache.glob("seed-*/block.json")]
+    assert len(finished) == 1 and not list(cache.glob(".*")), "one block kept; the stopped one left nothing"
+    kept_at = {p: p.stat().st_mtime_ns for p in finished[0].rglob("*")}
+
+    replay_vllm(params, tmp_path)  # the campaign again: a new server, the finished block taken as it was
+    blocks = {b["label"]: b for b in json.loads((out / "blocks.json").read_text())["blocks"]}
+    kept_label = finished[0].name.rsplit("-", 1)[0]
+    assert set(blocks) == {"seed-0", "seed-1"} and blocks[kept_label]["resumed"] is True
+    (other,) = set(blocks) - {kept_label}
+    assert blocks[other]["resumed"] is False, "the block stopped mid-way is replayed whole"
+    assert {p: p.stat().st_mtime_ns for p in finished[0].rglob("*")} == kept_at, "the kept block is untouched"
+    rows = pd.concat([_replays(tmp_path), _replays(tmp_path, "repeats.csv")])
+    per_seed = rows.groupby("seed").size()
+    assert per_seed.to_dict() == {0: blocks["seed-0"]["replays"], 1: blocks["seed-1"]["replays"]}
+    seed = int(kept_label.split("-")[1])
+    kept_results = sorted(finished[0].glob("*/results.parquet"))
+    written = [pd.read_parquet(tmp_path / p / "requests.parquet") for p in rows[rows["seed"] == seed]["path"]]
+    assert len(kept_results) == len(written)
+    for table in written:  # the kept block's replays are its measurements, not new ones
+        assert any(pd.read_parquet(k)["e2e_ms"].equals(table["e2e_ms"]) for k in kept_results)

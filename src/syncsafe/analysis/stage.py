@@ -239,11 +239,30 @@ def _plan_lines(root: Path, alpha: float | None = None) -> str:
             + _planned_floor(len(p["fit_seeds"]) + len(p["held_out_seeds"]), int(p["draws"]), alpha)
             + (f"; left out (no span the budget pays for measures them): {', '.join(p['left_out'])}"
                if p.get("left_out") else ""))
+    lines += campaign_block_lines(root)
     placement = plan.get("placement") or {}
     if placement:
         lines.append(f"- placement: {placement.get('mode')} (client CPUs {placement.get('client_cpus')}, server and "
                      f"merge work CPUs {placement.get('server_cpus')})")
     return "\n".join(lines)
+
+
+def campaign_block_lines(root: Path) -> list[str]:
+    """Per regime, the campaign blocks its real evidence pools (`realarm.blocks`), and how many an earlier
+    run had finished (kept, not replayed)."""
+    path = layout.at(root, layout.VLLM_BLOCKS)
+    if not path.is_file():
+        return []
+    by_regime: dict[str, list[dict]] = {}
+    for block in read_json(path, "campaign blocks", keys=("blocks",))["blocks"]:
+        by_regime.setdefault(str(block["regime"]), []).append(block)
+    lines = []
+    for regime, blocks in sorted(by_regime.items()):
+        kept = sum(bool(b.get("resumed")) for b in blocks)
+        lines.append(f"- {regime}: {len(blocks)} campaign block(s) pooled ({', '.join(str(b['label']) for b in blocks)}"
+                     f"; {sum(int(b['replays']) for b in blocks)} replays)"
+                     + (f", {kept} finished by an earlier run and kept" if kept else ""))
+    return lines
 
 
 def _planned_floor(n_seeds: int, draws: int, alpha: float | None) -> str:

@@ -32,6 +32,7 @@ No other module writes these names; they import them from here. Two forms:
       SERVER_PROFILE              runs/server-profile (the profile-vllm stage)
       VLLM_SERVER_FILE, VLLM_PROFILE   runs/server-profile/server.json, runs/server-profile/profile.json
       VLLM_PLAN                   runs/replay-sets/vllm/plan.json
+      REAL_BLOCKS                 runs/real-blocks (finished campaign blocks: not a stage output)
       UNTRAINED_MODEL, VLLM_CACHE, TOKENIZER_CACHE   models/serve-untrained, models/vllm-cache, models/tokenizer
 
 - **Root-anchored** functions taking the project `root` first, for code that
@@ -137,6 +138,12 @@ VLLM_SET = REPLAY_SETS / VLLM
 VLLM_INDEX = VLLM_SET / INDEX_FILE
 VLLM_REPEATS = VLLM_SET / REPEATS_FILE
 VLLM_PLAN = VLLM_SET / PLAN_FILE
+#: The real arm's campaign blocks of the last replay-vllm run, and which it kept from an earlier run.
+BLOCKS_FILE = "blocks.json"
+VLLM_BLOCKS = VLLM_SET / BLOCKS_FILE
+#: The real arm's finished campaign blocks (`realarm.blocks`), kept across replay-vllm runs so a stopped campaign
+#: resumes; not a stage output (gitignored under runs/), pruned to the current plan's blocks by each finished run.
+REAL_BLOCKS = RUNS / "real-blocks"
 #: The server profile (the profile-vllm stage), measured once per machine and model, read by the real arm's plan.
 SERVER_PROFILE = RUNS / "server-profile"
 VLLM_SERVER_FILE = SERVER_PROFILE / SERVER_FILE

@@ -29,7 +29,6 @@ from tqdm import tqdm
 from syncsafe import io, localhttp, timebase
 from syncsafe.artifacts import layout
 from syncsafe.artifacts.calibration import model_json
-from syncsafe.artifacts.replay_sets import write_signals, write_windows
 from syncsafe.artifacts.traces import read_requests
 from syncsafe.config import Params, max_num_seqs
 from syncsafe.control.live_signals import sum_samples
@@ -165,16 +164,19 @@ class PlannedReplay:
     out: Path
     control: int | None
     position: int
-    #: Its block of the randomised block order (`design.block_order`); an added control: a block of its own.
-    block: int
+    #: Its round inside its seed's block (`design.seed_block`); an added control: a round of its own.
+    round: int
 
 
 @dataclass(frozen=True)
 class Measured:
-    """A replay taken, not yet written: its per-request table and summary fields (validity among them)."""
+    """A replay taken, not yet written: its per-request table, the server's gauges, the merge windows as they
+    ran (trace seconds) and its summary fields (validity among them)."""
 
     item: PlannedReplay
     results: pd.DataFrame
+    signals: pd.DataFrame
+    windows: pd.DataFrame
     extra: dict
 
     @property
@@ -184,7 +186,11 @@ class Measured:
     def invalid(self, reason: str) -> Measured:
         """The same replay marked invalid for `reason` as well."""
         reasons = [r for r in (self.extra.get("invalid_reason") or "", reason) if r]
-        return Measured(self.item, self.results, {**self.extra, "valid": False, "invalid_reason": "; ".join(reasons)})
+        return self.with_fields(valid=False, invalid_reason="; ".join(reasons))
+
+    def with_fields(self, **fields) -> Measured:
+        """The same replay with these summary fields set."""
+        return Measured(self.item, self.results, self.signals, self.windows, {**self.extra, **fields})
 
 
 class RealArm:
@@ -268,10 +274,10 @@ class RealArm:
                                              "source": schedule.source,
                                              "path": path.relative_to(self.root).as_posix()}))
             by_seed[seed] = chosen
-        return [self.planned_replay(o.row, o.control, position, o.block)
+        return [self.planned_replay(o.row, o.control, position, o.round)
                 for position, o in enumerate(block_order(plan.regime, by_seed, plan.controls))]
 
-    def planned_replay(self, row: pd.Series, control: int | None, position: int, block: int) -> PlannedReplay:
+    def planned_replay(self, row: pd.Series, control: int | None, position: int, round_: int) -> PlannedReplay:
         """Where one replay of `row`'s schedule goes: beside a span-matched schedule, or under the replay set."""
         schedule = read_schedule(layout.at(self.root, row["path"]))
         if row["source"] in ("matched_random", "even_cadence"):
@@ -280,7 +286,7 @@ class RealArm:
             base = replay_path(self.root, layout.VLLM, row["path"])
         if control is not None:
             base = layout.control_replay_dir(base, control)
-        return PlannedReplay(row, schedule, base, control, position, block)
+        return PlannedReplay(row, schedule, base, control, position, round_)
 
     def replay_once(self, item: PlannedReplay, requests: pd.DataFrame, plan: RegimePlan
                     ) -> tuple[pd.DataFrame, list, MetricsScraper, ForeignCpu, float]:
@@ -297,7 +303,7 @@ class RealArm:
     def replay(self, item: PlannedReplay, requests: pd.DataFrame, timeline: pd.DataFrame, plan: RegimePlan,
                load_utilisation: float, ttft_bound_ms: float | None) -> Measured:
         """One planned replay, retried once when the machine was busy; its per-request table and summary
-        fields (written once the seed's SLO is known: `write_regime`)."""
+        fields (written once the seed's SLO is known: `replays.write_regime`)."""
         cfg = self.cfg
         attempts, began = 0, time.monotonic()
         placement = {**self.placement.record(), "enacted": self.enacted()}
@@ -310,10 +316,8 @@ class RealArm:
                        f"retrying after {cfg.busy_retry_pause_s:g} s")
             time.sleep(cfg.busy_retry_pause_s)
         results = request_results(raw, timeline, worked, start, plan.time_scale)
-        write_signals(item.out, scraper.frame())
-        write_windows(item.out, pd.DataFrame(
-            [((b - start) * plan.time_scale, (e - start) * plan.time_scale, n) for b, e, n in worked],
-            columns=["start_s", "end_s", "iterations"]))
+        windows = pd.DataFrame([((b - start) * plan.time_scale, (e - start) * plan.time_scale, n) for b, e, n in worked],
+                               columns=["start_s", "end_s", "iterations"])
         reasons = []
         if foreign.cores > cfg.max_foreign_cpu:
             reasons.append(f"machine busy: {foreign.describe()} > max_foreign_cpu {cfg.max_foreign_cpu:g}")
@@ -323,10 +327,10 @@ class RealArm:
         if item.control is not None and (overloaded := overload_reason(results, ttft_bound_ms)):
             reasons.append(overloaded)
         counted = span_count(item.schedule.merge_starts_s, item.schedule.window_s, plan.span_s)
-        return Measured(item, results, {
+        return Measured(item, results, scraper.frame(), windows, {
             "backend": "vllm", "model": str(self.model), "time_scale": plan.time_scale, "span_s": plan.span_s,
             "utilisation": load_utilisation, "interference": cfg.interference, "placement": placement,
-            "position": item.position, "block": item.block, "control": item.control, "attempts": attempts,
+            "position": item.position, "round": item.round, "control": item.control, "attempts": attempts,
             "wall_s": time.monotonic() - began,
             "span_merges": counted.merges, "span_cut": counted.cut,
             "foreign_cpu_cores": foreign.cores, "foreign_top": [list(t) for t in foreign.top],

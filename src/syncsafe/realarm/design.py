@@ -22,14 +22,17 @@ Per regime of `replay.vllm.regimes` (`RegimePlan`, all of them in
   one evenly spaced schedule with the same counts (`span_cadence`), so the
   real replays alone can be judged against matched random and the fixed
   cadence.
-- **Order** (`block_order`): randomised blocks. There are `controls` blocks;
-  every block holds one no-sync control of every seed and a share of every
-  seed's other replays (dealt round-robin from a seeded shuffle), in a
-  seeded random order across seeds. Seed, schedule kind and time (the
-  server's warm-up drift) are then not confounded: every seed is replayed
-  early, in the middle and late. The gate compares each replay with its
-  nearest controls of the same seed; the SLO comes from all of a seed's
-  controls pooled.
+- **Order** (`block_order`): one block per (regime, seed), the campaign's
+  unit (`syncsafe.realarm.blocks`: a finished block is kept, a stopped
+  campaign replays only the blocks it lacks). A block holds its seed's
+  no-sync controls and every other replay of the seed, dealt into
+  `controls` rounds: each round one control and a share of the replays with
+  merges (round-robin from a seeded shuffle), in a seeded order. The seeds'
+  blocks run in a seeded order too. Schedule kind and time (the server's
+  warm-up drift, its wander) are then not confounded inside a seed, where
+  every comparison is made: the gate compares each replay with its nearest
+  controls of the same seed; the SLO comes from all of a seed's controls
+  pooled; the real-only rows compare a seed's controller with its draws.
 """
 
 from __future__ import annotations
@@ -204,36 +207,39 @@ def span_cadence(controller: Schedule, space: ActionSpace, span_s: float) -> Sch
 
 @dataclass(frozen=True)
 class OrderedReplay:
-    """One replay of the real plan in order: its seed, schedule row, no-sync control number (None for a
-    replay with merges) and block."""
+    """One replay of the real plan in order: its seed (its block), schedule row, no-sync control number (None
+    for a replay with merges) and round inside the block."""
 
     seed: int
     row: pd.Series
     control: int | None
-    block: int
+    round: int
 
 
-def block_order(regime: str, rows_by_seed: dict[int, list[pd.Series]], blocks: int) -> list[OrderedReplay]:
-    """Every seed's replays in randomised blocks (see the module docstring); seeded per regime and seed."""
-    if blocks < 1:
-        raise ValueError(f"{regime}: a replay order needs at least one block (got {blocks})")
-    per_block: list[list[OrderedReplay]] = [[] for _ in range(blocks)]
-    for seed in sorted(rows_by_seed):
-        rows = rows_by_seed[seed]
-        no_sync = [r for r in rows if r["source"] == "no_sync"]
-        if len(no_sync) != 1:
-            raise ValueError(f"{regime} seed {seed}: expected one no_sync schedule, found {len(no_sync)}")
-        rest = sorted((r for r in rows if r["source"] != "no_sync"), key=lambda r: str(r["path"]))
-        perm = regime_rng(regime, seed, ORDER_STREAM).permutation(len(rest))
-        for i, j in enumerate(np.asarray(perm)):
-            per_block[i % blocks].append(OrderedReplay(seed, rest[int(j)], None, i % blocks))
-        for block in range(blocks):
-            per_block[block].append(OrderedReplay(seed, no_sync[0], block, block))
+def seed_block(regime: str, seed: int, rows: list[pd.Series], rounds: int) -> list[OrderedReplay]:
+    """One seed's block: its replays dealt into `rounds` rounds, each with one no-sync control (the module
+    docstring); seeded per regime, seed and round."""
+    no_sync = [r for r in rows if r["source"] == "no_sync"]
+    if len(no_sync) != 1:
+        raise ValueError(f"{regime} seed {seed}: expected one no_sync schedule, found {len(no_sync)}")
+    rest = sorted((r for r in rows if r["source"] != "no_sync"), key=lambda r: str(r["path"]))
+    per_round: list[list[OrderedReplay]] = [[OrderedReplay(seed, no_sync[0], k, k)] for k in range(rounds)]
+    for i, j in enumerate(np.asarray(regime_rng(regime, seed, ORDER_STREAM).permutation(len(rest)))):
+        per_round[i % rounds].append(OrderedReplay(seed, rest[int(j)], None, i % rounds))
     ordered: list[OrderedReplay] = []
-    for block, items in enumerate(per_block):
-        perm = regime_rng(regime, block, f"{ORDER_STREAM}/block").permutation(len(items))
+    for k, items in enumerate(per_round):
+        perm = regime_rng(regime, seed, f"{ORDER_STREAM}/round-{k}").permutation(len(items))
         ordered += [items[int(i)] for i in np.asarray(perm)]
     return ordered
+
+
+def block_order(regime: str, rows_by_seed: dict[int, list[pd.Series]], rounds: int) -> list[OrderedReplay]:
+    """Every seed's block (`seed_block`), the blocks in a seeded order per regime."""
+    if rounds < 1:
+        raise ValueError(f"{regime}: a replay order needs at least one round (got {rounds})")
+    seeds = sorted(rows_by_seed)
+    order = np.asarray(regime_rng(regime, 0, f"{ORDER_STREAM}/blocks").permutation(len(seeds)))
+    return [o for k in order for o in seed_block(regime, seeds[int(k)], rows_by_seed[seeds[int(k)]], rounds)]
 
 
 def nearest_controls(position: int, control_positions: dict[int, int]) -> list[int]:
@@ -249,5 +255,5 @@ def simulator_time_scale(root: Path, regime: str) -> float:
 
 
 __all__ = ["DEFAULT_N_SEEDS", "declared_profile_wall_s", "declared_wall_s", "OrderedReplay", "RealPlan", "RegimePlan", "SpanCount", "block_order",
-           "check_span_budget", "nearest_controls", "replays_per_seed", "simulator_time_scale", "span_cadence",
+           "check_span_budget", "nearest_controls", "replays_per_seed", "seed_block", "simulator_time_scale", "span_cadence",
            "span_draws", "vllm_controllers", "vllm_regimes", "vllm_seed_split", "vllm_seeds"]

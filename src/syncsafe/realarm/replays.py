@@ -8,15 +8,16 @@ same CPUs and the client (this process) on CPUs of its own (`arm`):
 
 1. warm-up (discarded) until the decode pace stops falling (`warmup`), so that
    the first replays do not meet a slower server than the last;
-2. the replays: per regime and seed, the no-sync controls interleaved with
-   the controllers, their span-matched draws and span cadences, in
-   randomised blocks across seeds (`design.block_order`); each one taken
-   by `RealArm.replay` (busy machine, failures, late client, failing
-   scraper, or a control overloaded against the profile's light-load TTFT
-   bound: invalid);
+2. the replays: per regime, one block per seed (`design.block_order`): its
+   no-sync controls interleaved with the controllers, their span-matched
+   draws and span cadences; each one taken by `RealArm.replay` (busy
+   machine, failures, late client, failing scraper, or a control overloaded
+   against the profile's light-load TTFT bound: invalid). A finished block
+   is kept (`blocks`): a campaign stopped mid-way and run again replays
+   only the blocks it lacks; `blocks.json` says which were kept;
 3. the checks of `evidence`: a regime whose controls drift with the
    replay order gets one more control per seed, then its seeds are left
-   out; every replay is
+   out (the extra controls are a block of their own); every replay is
    written with its seed's SLO pooled from all its controls, with bootstrap
    intervals of its p95 and SLO rate.
 
@@ -38,7 +39,9 @@ from syncsafe.artifacts.traces import read_requests, read_timeline
 from syncsafe.config import Params
 from syncsafe.realarm.engine_profile import ServerProfile
 from syncsafe.serving.placement import CpuPlacement
+from syncsafe.artifacts.replay_sets import write_signals, write_windows
 from syncsafe.realarm.arm import Measured, PhaseClock, PlannedReplay, RealArm, open_arm
+from syncsafe.realarm.blocks import EXTRA_CONTROLS, Block, load_block, make_block, prune_blocks, save_block
 from syncsafe.realarm.evidence import ControlTest, control_spread, controls_drift, pooled_slo, replay_intervals
 from syncsafe.realarm.plan import describe_plan, plan_real_arm
 from syncsafe.serving.replay import index_row, write_replay, write_set_index
@@ -72,21 +75,27 @@ def replay_vllm(params: Params, root: Path = Path(".")) -> pd.DataFrame:
         io.write_text(out_root / layout.PLAN_FILE, model_json(plan))
         planned = {regime: arm.planned(p, index) for regime, p in plan.regimes.items()}
         total = sum(len(items) for items in planned.values())
+        blocks: list[tuple[Block, bool]] = []
         with tqdm(total=total, desc="replay vllm", unit="replay", leave=False) as bar:
             for regime, items in planned.items():
-                results = replay_regime(arm, plan, regime, items, bar)
+                results, regime_blocks = replay_regime(arm, plan, regime, items, bar)
+                blocks += regime_blocks
                 for m, row in zip(results, write_regime(params, root, results)):
                     (repeats if m.item.control else rows).append(row)
         clock.lap("replays")
+    io.write_json(out_root / layout.BLOCKS_FILE, {"blocks": [block.record(resumed) for block, resumed in blocks]})
+    prune_blocks(root, [block for block, _ in blocks])
     write_set_index(out_root / layout.REPEATS_FILE, repeats)
     return write_set_index(out_root / layout.INDEX_FILE, rows)
 
 
-def replay_regime(arm: RealArm, plan: RealPlan, regime: str, items: list[PlannedReplay], bar: tqdm) -> list[Measured]:
-    """The regime's planned replays in order, then the noise floor (`evidence.controls_drift`): when the
-    controls' p95 follows the replay order (p < `control_alpha`) every seed gets one more control, and the
+def replay_regime(arm: RealArm, plan: RealPlan, regime: str, items: list[PlannedReplay], bar: tqdm
+                  ) -> tuple[list[Measured], list[tuple[Block, bool]]]:
+    """The regime's planned replays in order, block by block (`blocks`: a finished block kept from an earlier
+    run is taken as it is), then the noise floor (`evidence.controls_drift`): when the controls' p95 follows
+    the replay order (p < `control_alpha`) every seed gets one more control (a block of its own), and the
     regime's seeds are left out (every replay marked invalid, with the reason) when the test with them still
-    says so."""
+    says so. Returns the measured replays and the blocks in order, each with whether it was kept."""
     cfg, root = arm.cfg, arm.root
     regime_plan = plan.regimes[regime]
     load = plan.loads.get(regime)
@@ -96,10 +105,26 @@ def replay_regime(arm: RealArm, plan: RealPlan, regime: str, items: list[Planned
         requests = read_requests(root, regime, seed)
         inputs[seed] = (requests[requests["arrival_s"] < regime_plan.span_s].reset_index(drop=True),
                         read_timeline(root, regime, seed))
-    measured = []
-    for item in items:
-        measured.append(arm.replay(item, *inputs[int(item.row["seed"])], regime_plan, utilisation, bound))
-        bar.update()
+    blocks: list[tuple[Block, bool]] = []
+    measured: list[Measured] = []
+
+    def run(label: str, block_items: list[PlannedReplay]) -> list[Measured]:
+        block = make_block(arm.params, root, plan, regime, label, block_items, arm.model)
+        kept = load_block(root, block)
+        blocks.append((block, kept is not None))
+        if kept is not None:
+            tqdm.write(f"replay vllm: {regime} {label}: finished block kept from an earlier run ({len(kept)} replays)")
+            bar.update(len(kept))
+            return kept
+        done = []
+        for item in block.items:
+            done.append(arm.replay(item, *inputs[int(item.row["seed"])], regime_plan, utilisation, bound))
+            bar.update()
+        save_block(root, block, done)
+        return done
+
+    for seed in dict.fromkeys(int(item.row["seed"]) for item in items):
+        measured += run(layout.seed_dirname(seed), [item for item in items if int(item.row["seed"]) == seed])
     test = _control_test(cfg, regime, measured)
     if test is not None and not test.can_detect(cfg.control_alpha):
         tqdm.write(f"replay vllm: {regime}: drift not checkable, {test.describe()} is not below control_alpha "
@@ -107,20 +132,20 @@ def replay_regime(arm: RealArm, plan: RealPlan, regime: str, items: list[Planned
     if test is not None and test.disagree(cfg.control_alpha):
         tqdm.write(f"replay vllm: {regime}: {test.describe()} < control_alpha {cfg.control_alpha:g}; one more "
                    "control per seed")
+        extra = []
         for seed in regime_plan.seeds:
-            controls = [m for m in measured if m.seed == seed and m.item.control is not None]
-            first = controls[0].item
-            extra = arm.planned_replay(first.row, len(controls), len(measured), regime_plan.controls)
-            bar.total += 1
-            measured.append(arm.replay(extra, *inputs[seed], regime_plan, utilisation, bound))
-            bar.update()
+            first = next(m.item for m in measured if m.seed == seed and m.item.control is not None)
+            controls = sum(m.seed == seed and m.item.control is not None for m in measured)
+            extra.append(arm.planned_replay(first.row, controls, len(measured) + len(extra), regime_plan.controls))
+        bar.total += len(extra)
+        measured += run(EXTRA_CONTROLS, extra)
         test = _control_test(cfg, regime, measured)
         if test is not None and test.disagree(cfg.control_alpha):
             why = f"the {test.describe()} < control_alpha {cfg.control_alpha:g}: the server drifted over the run"
             measured = [m.invalid(f"noise floor: seed {m.seed} left out, {why}") for m in measured]
             tqdm.write(f"replay vllm: {regime}: noise floor, every seed left out: {test.describe()}")
     decided = _p_of(test)
-    return [Measured(m.item, m.results, {**m.extra, "control_p": decided}) for m in measured]
+    return [m.with_fields(control_p=decided) for m in measured], blocks
 
 
 def _control_test(cfg, regime: str, measured: list[Measured]) -> ControlTest | None:
@@ -150,6 +175,8 @@ def write_regime(params: Params, root: Path, measured: list[Measured]) -> list[d
     for m in measured:
         slo, seed_fields = per_seed[m.seed]
         intervals = replay_intervals(m.results, slo, cfg.bootstrap_resamples, (m.seed, m.item.position, 0x5C1))
+        write_signals(m.item.out, m.signals)
+        write_windows(m.item.out, m.windows)
         summary = write_replay(m.item.out, m.results, slo, params, {**m.extra, **intervals, **seed_fields})
         row = index_row(m.item.row, "vllm", m.item.schedule, summary, m.item.out, root)
         row["schedule"] = m.item.row["path"]

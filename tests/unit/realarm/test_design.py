@@ -13,6 +13,7 @@ from syncsafe.schedules.span import span_count
 from syncsafe.realarm.design import (
     check_span_budget,
     block_order,
+    seed_block,
     default_fit_count,
     nearest_controls,
     span_cadence,
@@ -31,28 +32,35 @@ def rows(seed: int, draws: int = 4) -> list[pd.Series]:
                        "path": f"runs/x/bursty/seed-{seed}/{n}.json"}) for n in names]
 
 
-def test_every_block_holds_a_control_and_replays_of_every_seed_in_a_seeded_order():
+def test_each_seed_is_one_block_of_rounds_each_with_a_control_the_blocks_in_a_seeded_order():
     by_seed = {seed: rows(seed, draws=5) for seed in range(4)}  # per seed: controller + 5 draws + no-sync
-    order = block_order("bursty", by_seed, blocks=3)
+    order = block_order("bursty", by_seed, rounds=3)
     assert len(order) == 4 * (6 + 3)
-    blocks = [o.block for o in order]
-    assert blocks == sorted(blocks), "blocks run one after the other"
-    for block in range(3):
-        inside = [o for o in order if o.block == block]
-        for seed in range(4):
-            mine = [o for o in inside if o.seed == seed]
-            assert [o.control for o in mine if o.control is not None] == [block]  # one control per seed
-            assert sum(o.control is None for o in mine) == 2  # 6 replays with merges dealt over 3 blocks
-    for seed in range(4):  # each seed's replays with merges, each exactly once
-        merged = sorted(o.row["path"] for o in order if o.seed == seed and o.control is None)
+    seeds = [o.seed for o in order]
+    blocks = list(dict.fromkeys(seeds))
+    assert sorted(blocks) == [0, 1, 2, 3]
+    orders = {tuple(dict.fromkeys(o.seed for o in block_order(r, by_seed, 3))) for r in ("bursty", "steady", "azure")}
+    assert len(orders) > 1, "the seeds' blocks in a seeded order, per regime"
+    assert seeds == [s for s in blocks for _ in range(9)], "a seed's block is contiguous: a unit of its own"
+    for seed in range(4):
+        mine = [o for o in order if o.seed == seed]
+        assert [o.round for o in mine] == sorted(o.round for o in mine), "rounds one after the other"
+        for k in range(3):
+            inside = [o for o in mine if o.round == k]
+            assert [o.control for o in inside if o.control is not None] == [k]  # one control per round
+            assert sum(o.control is None for o in inside) == 2  # 6 replays with merges dealt over 3 rounds
+        merged = sorted(o.row["path"] for o in mine if o.control is None)  # each replay with merges once
         assert merged == sorted(r["path"] for r in by_seed[seed] if r["source"] != "no_sync")
-    again = block_order("bursty", by_seed, blocks=3)
+        assert seed_block("bursty", seed, by_seed[seed], 3) == mine, "a block does not depend on the others"
+    again = block_order("bursty", by_seed, rounds=3)
     assert [(o.seed, o.row["path"], o.control) for o in again] == [(o.seed, o.row["path"], o.control) for o in order]
-    first_block = [o.seed for o in order if o.block == 0]
-    assert first_block != sorted(first_block), "seeds are interleaved inside a block, not run one after another"
-    assert [o.seed for o in block_order("steady", by_seed, 3)] != [o.seed for o in order]  # seeded per regime
+    controls_at = [i for i, o in enumerate(order[:9]) if o.control is not None]
+    assert controls_at != [0, 1, 2], "the controls spread over the block, not run first"
+    assert [o.row["path"] for o in block_order("steady", by_seed, 3)] != [o.row["path"] for o in order]  # per regime
     with pytest.raises(ValueError, match="expected one no_sync"):
         block_order("bursty", {0: rows(0)[1:]}, 3)
+    with pytest.raises(ValueError, match="at least one round"):
+        block_order("bursty", by_seed, 0)
 
 
 def test_nearest_controls_by_distance_in_replay_order_the_earlier_on_a_tie():
