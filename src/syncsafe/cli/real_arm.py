@@ -1,7 +1,9 @@
 """`syncsafe real-arm`: the real (vLLM) arm's plan and outputs, beside the pipeline's stages.
 
 `plan` proposes the time scales and spans to pin from a server profile and a budget (a tool run on
-purpose: the run itself never sizes its plan from the machine); `compare A B` checks that two runs reproduce.
+purpose: the run itself never sizes its plan from the machine); `compare A B` checks that two runs reproduce;
+`record ROOT OUT` keeps a finished run's real-arm result (with its commit, machine and profile) as a folder
+that `compare` takes in place of a project root.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from syncsafe.cli.common import ParamsOpt, RootOpt
 from syncsafe.pipeline.failures import fails_cleanly as _fails_cleanly
 
 real_arm_app = typer.Typer(help="The real (vLLM) arm: `plan` sizes what to pin, `compare A B` checks that two runs "
-                                "reproduce.", no_args_is_help=True)
+                                "reproduce, `record ROOT OUT` keeps a run's result as a reference to compare with.",
+                           no_args_is_help=True)
 
 
 @real_arm_app.command("plan")
@@ -67,3 +70,26 @@ def real_arm_compare(
             typer.echo(f"not reproduced: {line}", err=True)
         raise typer.Exit(1)
     typer.echo("reproduces: same plan and tiers; gate, fidelity and real-vs-random agree")
+
+
+@real_arm_app.command("record")
+@_fails_cleanly
+def real_arm_record(
+    root: Annotated[Path, typer.Argument(help="project root of a finished run (its runs/ and reports/)")],
+    out: Annotated[Path, typer.Argument(help="folder to record it in (replaced whole), e.g. evidence/<date>-<name>")],
+    profile: Annotated[str, typer.Option("--profile", help="the params profile the run used (cpu, powered, ...)")] = "cpu",
+) -> None:
+    """Record a run's real-arm result as a reference: the plan, blocks, gate, fidelity, tiers and real replays'
+    index, with the commit, machine and profile that made it. `syncsafe real-arm compare NEW OUT` then holds a new
+    run against it. Exit 2 names a missing or malformed input file."""
+    import datetime
+
+    from syncsafe.analysis.record import record_real_arm
+    from syncsafe.realarm.server_profile import machine
+    from syncsafe.tracking.settings import git_commit
+
+    provenance = {"commit": git_commit(root), "machine": machine(), "profile": profile,
+                  "recorded_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    files = record_real_arm(root, out, provenance)
+    typer.echo(f"recorded {len(files)} files of {root} in {out} (commit {provenance['commit'][:12] or 'unknown'}, "
+               f"profile {profile}); compare a new run with: syncsafe real-arm compare NEW {out}")

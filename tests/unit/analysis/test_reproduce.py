@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -234,3 +235,22 @@ def test_controller_minus_random_uses_valid_replays_and_a_t_interval(runs):
 def test_real_arm_without_a_subcommand_shows_help():
     out = CliRunner().invoke(app, ["real-arm"])
     assert "compare" in out.output
+
+
+def test_a_recorded_run_is_a_reference_a_new_run_is_compared_with(runs, tmp_path):
+    a, b = runs(b={"gate": (1.9, 1.8, 2.0)})
+    (a / "params.yaml").write_text("seeds: [0]\n")
+    record = tmp_path / "evidence" / "reference"
+    out = CliRunner().invoke(app, ["real-arm", "record", str(a), str(record), "--profile", "powered"])
+    assert out.exit_code == 0, out.output
+    provenance = json.loads((record / "provenance.json").read_text())
+    assert provenance["profile"] == "powered" and provenance["machine"]["cpus"] >= 1
+    assert set(provenance["files"]) >= {"params.yaml", "runs/replay-sets/vllm/plan.json", "reports/policy_table.csv"}
+    assert not (record / "runs" / "replay-sets" / "vllm" / "blocks.json").exists(), "what the run lacks is not made up"
+    assert compare_real_arms(a, record).reproduces, "the record holds what compare reads"
+    assert invoke(a, record).exit_code == 0
+    assert invoke(b, record).exit_code == 1, "a run whose gate left the recorded bounds does not reproduce"
+    layout.at(b, layout.MECHANISM).unlink()
+    bad = CliRunner().invoke(app, ["real-arm", "record", str(b), str(record)])
+    assert bad.exit_code == 2 and "mechanism" in bad.stderr
+    assert compare_real_arms(a, record).reproduces, "a failed record leaves the previous one whole"
