@@ -9,7 +9,7 @@
   one warmed server spread 10-44 % in p95 E2E (benchmarks/bench_carryover.py;
   the pace wanders in spells of 10-20 wall seconds, as long as a burst,
   whose p95 it then sets), far beyond their requests' sampling noise. The
-  randomised block order (`design.block_order`) makes such wandering
+  randomised rounds of each seed's block (`design.seed_block`) make such wandering
   noise for every comparison, and the gate judges merges against the
   controls' own disagreement (`gate`); what order cannot make harmless is a
   server that drifts over the run (still warming, slowed by what ran

@@ -9,7 +9,7 @@ meets them at the same time scale (`simulate_record`,
 calibration describes the real server in real milliseconds.
 
 Each seed's no-sync schedule is replayed several times, one control per
-block of the regime's randomised block order (`control` 0, 1, ...;
+round of the seed's campaign block (`design.seed_block`; `control` 0, 1, ...;
 `position` is every replay's place in the regime's order): the first is
 listed in the vLLM index, the later ones in
 `runs/replay-sets/vllm/repeats.csv` (`repeat`); the SLO comes from all of

@@ -153,7 +153,7 @@ def pace_figure(records: Sequence[ReplayRecord]) -> Figure:
                 ax.scatter(part["position"], part["pace_ms"], marker=marker, s=22, color=color,
                            label=f"seed {seed}" + (" no-sync" if no_sync else " merges"))
         ax.set_title(f"regime: {regime}", fontsize="small")
-        ax.set_xlabel("position in the regime's replay order (blocks across seeds)")
+        ax.set_xlabel("position in the regime's replay order (one block per seed, in rounds)")
         ax.set_ylabel("no-merge decode pace (ms / token)")
     handles, labels = axes[0].get_legend_handles_labels()
     if handles:
