@@ -11,8 +11,8 @@ block stopped mid-way left nothing behind and is replayed whole. What follows th
 the pooled SLO, the intervals, the replay set) is computed from the blocks, kept or new, alike.
 
 The fingerprint hashes everything a block's measurements depend on: the regime's plan and load, the CPU
-placement, `replay.vllm` and `merge`, the block's replays in order (position, round, control, schedule), its
-seeds' requests and timelines, and the served model's weights. The same fingerprint is the same experiment;
+placement, `replay.vllm` and `merge`, the block's replays in order (position, round, control, schedule), the
+requests they send and the timelines they are judged on, and the served model's weights. The same fingerprint is the same experiment;
 anything else is a different block, replayed anew. Blocks the current plan does not name are removed when a
 stage run finishes (`prune_blocks`), so the cache holds one campaign.
 """
@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +32,6 @@ import pandas as pd
 from syncsafe import io
 from syncsafe.artifacts import layout
 from syncsafe.artifacts.base import read_json, read_parquet
-from syncsafe.artifacts.traces import read_requests, read_timeline
 from syncsafe.config import Params
 from syncsafe.realarm.arm import Measured, PlannedReplay
 from syncsafe.realarm.design import RealPlan
@@ -69,21 +69,19 @@ def _frame_digest(frame: pd.DataFrame) -> bytes:
     return pd.util.hash_pandas_object(frame, index=False).to_numpy().tobytes()
 
 
-def _model_digest(model: Path | str) -> bytes:
+def model_digest(model: Path | str) -> bytes:
+    """sha256 of the served model's weights (a hub id or a folder without them: its name); taken once per run."""
     weights = Path(model) / "model.safetensors"
     if not weights.is_file():
         return str(model).encode()
-    digest = hashlib.sha256()
     with open(weights, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.digest()
+        return hashlib.file_digest(fh, "sha256").digest()
 
 
-def make_block(params: Params, root: Path, plan: RealPlan, regime: str, label: str,
-               items: list[PlannedReplay], model: Path | str) -> Block:
-    """The block of `items` (in replay order) with its fingerprint (the module docstring)."""
-    root = Path(root)
+def make_block(params: Params, root: Path, plan: RealPlan, regime: str, label: str, items: list[PlannedReplay],
+               inputs: Mapping[int, tuple[pd.DataFrame, pd.DataFrame]], weights: bytes) -> Block:
+    """The block of `items` (in replay order) with its fingerprint (the module docstring). `inputs`: per seed,
+    the requests the replays send and the timeline they are judged on; `weights`: `model_digest` of the model."""
     what = {
         "regime_plan": plan.regimes[regime].model_dump(mode="json"),
         "load": plan.loads[regime].model_dump(mode="json") if regime in plan.loads else None,
@@ -96,9 +94,9 @@ def make_block(params: Params, root: Path, plan: RealPlan, regime: str, label: s
     }
     digest = hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode())
     for seed in sorted({int(i.row["seed"]) for i in items}):
-        digest.update(_frame_digest(read_requests(root, regime, seed)))
-        digest.update(_frame_digest(read_timeline(root, regime, seed)))
-    digest.update(_model_digest(model))
+        for frame in inputs[seed]:
+            digest.update(_frame_digest(frame))
+    digest.update(weights)
     return Block(regime, label, tuple(items), digest.hexdigest())
 
 
@@ -148,4 +146,4 @@ def prune_blocks(root: Path, keep: list[Block]) -> list[Path]:
     return removed
 
 
-__all__ = ["BLOCK_FILE", "EXTRA_CONTROLS", "Block", "load_block", "make_block", "prune_blocks", "save_block"]
+__all__ = ["BLOCK_FILE", "EXTRA_CONTROLS", "Block", "load_block", "make_block", "model_digest", "prune_blocks", "save_block"]

@@ -26,6 +26,7 @@ Latencies are real milliseconds; arrivals and windows stay in trace seconds.
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pandas as pd
@@ -41,7 +42,7 @@ from syncsafe.realarm.engine_profile import ServerProfile
 from syncsafe.serving.placement import CpuPlacement
 from syncsafe.artifacts.replay_sets import write_signals, write_windows
 from syncsafe.realarm.arm import Measured, PhaseClock, PlannedReplay, RealArm, open_arm
-from syncsafe.realarm.blocks import EXTRA_CONTROLS, Block, load_block, make_block, prune_blocks, save_block
+from syncsafe.realarm.blocks import EXTRA_CONTROLS, Block, load_block, make_block, model_digest, prune_blocks, save_block
 from syncsafe.realarm.evidence import ControlTest, control_spread, controls_drift, pooled_slo, replay_intervals
 from syncsafe.realarm.plan import describe_plan, plan_real_arm
 from syncsafe.serving.replay import index_row, write_replay, write_set_index
@@ -108,8 +109,10 @@ def replay_regime(arm: RealArm, plan: RealPlan, regime: str, items: list[Planned
     blocks: list[tuple[Block, bool]] = []
     measured: list[Measured] = []
 
+    weights = model_digest(arm.model)
+
     def run(label: str, block_items: list[PlannedReplay]) -> list[Measured]:
-        block = make_block(arm.params, root, plan, regime, label, block_items, arm.model)
+        block = make_block(arm.params, root, plan, regime, label, block_items, inputs, weights)
         kept = load_block(root, block)
         blocks.append((block, kept is not None))
         if kept is not None:
@@ -123,8 +126,8 @@ def replay_regime(arm: RealArm, plan: RealPlan, regime: str, items: list[Planned
         save_block(root, block, done)
         return done
 
-    for seed in dict.fromkeys(int(item.row["seed"]) for item in items):
-        measured += run(layout.seed_dirname(seed), [item for item in items if int(item.row["seed"]) == seed])
+    for seed, block_items in itertools.groupby(items, key=lambda item: int(item.row["seed"])):  # contiguous
+        measured += run(layout.seed_dirname(seed), list(block_items))
     test = _control_test(cfg, regime, measured)
     if test is not None and not test.can_detect(cfg.control_alpha):
         tqdm.write(f"replay vllm: {regime}: drift not checkable, {test.describe()} is not below control_alpha "

@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 
 from syncsafe.artifacts import layout
-from syncsafe.artifacts.traces import TIMELINE_COLUMNS
+from syncsafe.artifacts.traces import TIMELINE_COLUMNS, read_requests, read_timeline
 from syncsafe.realarm.arm import Measured, PlannedReplay
-from syncsafe.realarm.blocks import BLOCK_FILE, load_block, make_block, prune_blocks, save_block
+from syncsafe.realarm.blocks import BLOCK_FILE, load_block, make_block, model_digest, prune_blocks, save_block
 from syncsafe.realarm.design import RealPlan, RegimePlan
 from syncsafe.schedules.schedule import Schedule
 
@@ -38,6 +38,12 @@ def _items(root, seed: int) -> list[PlannedReplay]:
     return out
 
 
+def _block(params, root, plan, label: str, items: list[PlannedReplay], model: str):
+    """make_block with what the replay stage hands it: each seed's trace as read, the model's digest."""
+    inputs = {s: (read_requests(root, "bursty", s), read_timeline(root, "bursty", s)) for s in (0, 1)}
+    return make_block(params, root, plan, "bursty", label, items, inputs, model_digest(model))
+
+
 def _measured(item: PlannedReplay, scale: float) -> Measured:
     results = pd.DataFrame({"e2e_ms": np.array([10.0, 20.0, 30.0]) * scale, "merge_active": [False, True, False]})
     signals = pd.DataFrame({"t_s": [0.0, 1.0], "running": [1.0, 2.0]})
@@ -58,7 +64,7 @@ def setting(tmp_path, params):
 def test_a_saved_block_reads_back_as_measured_and_only_under_its_fingerprint(setting):
     params, plan, root = setting
     items = _items(root, 0)
-    block = make_block(params, root, plan, "bursty", "seed-0", items, "tiny-model")
+    block = _block(params, root, plan, "seed-0", items, "tiny-model")
     assert load_block(root, block) is None, "nothing kept yet"
     measured = [_measured(i, 1.0 + k) for k, i in enumerate(items)]
     where = save_block(root, block, measured)
@@ -70,15 +76,21 @@ def test_a_saved_block_reads_back_as_measured_and_only_under_its_fingerprint(set
             pd.testing.assert_frame_equal(getattr(a, name), getattr(b, name))
         assert json.dumps(a.extra, sort_keys=True) == json.dumps(b.extra, sort_keys=True)
     # the same block planned again finds it; a changed input is another block
-    again = make_block(params, root, plan, "bursty", "seed-0", _items(root, 0), "tiny-model")
+    again = _block(params, root, plan, "seed-0", _items(root, 0), "tiny-model")
     assert again.fingerprint == block.fingerprint and load_block(root, again) is not None
-    other_model = make_block(params, root, plan, "bursty", "seed-0", items, "other-model")
+    other_model = _block(params, root, plan, "seed-0", items, "other-model")
     wider = plan.model_copy(update={"regimes": {"bursty": plan.regimes["bursty"].model_copy(update={"span_s": 100.0})}})
-    other_span = make_block(params, root, wider, "bursty", "seed-0", items, "tiny-model")
+    other_span = _block(params, root, wider, "seed-0", items, "tiny-model")
     _trace(root, 0, shift=0.5)
-    other_trace = make_block(params, root, plan, "bursty", "seed-0", items, "tiny-model")
+    other_trace = _block(params, root, plan, "seed-0", items, "tiny-model")
     later = [items[0], PlannedReplay(items[1].row, items[1].schedule, items[1].out, None, 2, 0)]
-    other_order = make_block(params, root, plan, "bursty", "seed-0", later, "tiny-model")
+    other_order = _block(params, root, plan, "seed-0", later, "tiny-model")
+    weights = root / "model" / "model.safetensors"
+    weights.parent.mkdir()
+    weights.write_bytes(b"one")
+    first = model_digest(weights.parent)
+    weights.write_bytes(b"two")
+    assert model_digest(weights.parent) != first, "the weights' bytes, not the folder's name"
     prints = {b.fingerprint for b in (block, other_model, other_span, other_trace, other_order)}
     assert len(prints) == 5
     assert all(load_block(root, b) is None for b in (other_model, other_span, other_trace, other_order))
@@ -87,7 +99,7 @@ def test_a_saved_block_reads_back_as_measured_and_only_under_its_fingerprint(set
 def test_a_record_that_does_not_match_is_not_taken_and_a_mismatch_is_refused(setting):
     params, plan, root = setting
     items = _items(root, 1)
-    block = make_block(params, root, plan, "bursty", "seed-1", items, "m")
+    block = _block(params, root, plan, "seed-1", items, "m")
     with pytest.raises(ValueError, match="do not match"):
         save_block(root, block, [_measured(items[1], 1.0), _measured(items[0], 1.0)])
     assert not block.directory(root).exists(), "nothing half-written"
@@ -99,7 +111,7 @@ def test_a_record_that_does_not_match_is_not_taken_and_a_mismatch_is_refused(set
 
 def test_prune_keeps_only_the_blocks_the_plan_names(setting):
     params, plan, root = setting
-    blocks = [make_block(params, root, plan, "bursty", f"seed-{s}", _items(root, s), "m") for s in (0, 1)]
+    blocks = [_block(params, root, plan, f"seed-{s}", _items(root, s), "m") for s in (0, 1)]
     for b in blocks:
         save_block(root, b, [_measured(i, 1.0) for i in b.items])
     stale = layout.at(root, layout.REAL_BLOCKS) / "steady" / "seed-0-0123456789abcdef"
